@@ -1,0 +1,33 @@
+# The two commands of the README's quick start: `make conformance` (the main job for now) and
+# `make test`. Both create .venv on first use and install everything into it.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.hwrun-installed
+PLUGINS := plugins/nvidia plugins/amd plugins/tpu plugins/ppu
+
+.PHONY: test lint conformance platforms bench clean
+
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# The CPU wheel first: with it in place no later requirement pulls a CUDA build of torch.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test,triton]' $(addprefix -e ,$(PLUGINS))
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+platforms: $(STAMP)
+	$(BIN)/hwrun platforms
+	$(BIN)/hwrun ops
+
+conformance: platforms
+
+clean:
+	rm -rf $(VENV) reports .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,20 @@
+"""Exceptions meant for people: each says what was asked, why it cannot run, what to change."""
+
+
+class HwrunError(Exception):
+    """Base of every error hwrun raises on purpose. The CLI prints it and exits 1."""
+
+
+class UnsupportedError(HwrunError):
+    """A request that no implementation (or not the pinned one) can serve.
+
+    ``reasons`` maps an implementation name to the reasons it gave.
+    """
+
+    def __init__(self, message: str, reasons: dict[str, list[str]] | None = None):
+        self.reasons = dict(reasons or {})
+        lines = [message]
+        for impl, impl_reasons in self.reasons.items():
+            joined = "; ".join(impl_reasons) if impl_reasons else "no reason given"
+            lines.append(f"  - {impl}: {joined}")
+        super().__init__("\n".join(lines))

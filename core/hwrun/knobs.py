@@ -1,0 +1,40 @@
+"""Every HWRUN_* environment variable, read here and nowhere else.
+
+Each knob is a function so tests (and long-lived processes) see the current environment.
+"""
+
+import os
+
+KNOBS: dict[str, str] = {
+    "HWRUN_PLUGINS": "Comma-separated module paths loaded as plugins in addition to the "
+    "'hwrun.plugins' entry points (for trees that are not installed).",
+    "HWRUN_DISABLE_ENTRY_POINTS": "Set to 1 to load only the reference platform and "
+    "HWRUN_PLUGINS, ignoring installed entry points.",
+    "HWRUN_PLATFORM": "Default for --platform: a platform name or 'auto' (default).",
+    "HWRUN_REFERENCE_FALLBACK": "1 (default): an op a platform cannot serve runs on the "
+    "reference, reported as a fallback. 0: such an op is an error.",
+}
+
+
+def _flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return raw.strip().lower() not in {"0", "false", "no", "off"}
+
+
+def extra_plugin_modules() -> list[str]:
+    raw = os.environ.get("HWRUN_PLUGINS", "")
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def entry_points_disabled() -> bool:
+    return _flag("HWRUN_DISABLE_ENTRY_POINTS", False)
+
+
+def default_platform() -> str:
+    return os.environ.get("HWRUN_PLATFORM", "auto").strip() or "auto"
+
+
+def reference_fallback() -> bool:
+    return _flag("HWRUN_REFERENCE_FALLBACK", True)

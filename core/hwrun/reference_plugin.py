@@ -1,0 +1,55 @@
+"""The reference platform: every catalogue op served by its pure-PyTorch definition.
+
+It is registered through the ``hwrun.plugins`` entry point like any vendor plugin. It runs on
+whatever device the tensors are on (fp32 accumulation, no fusion), so it is the ground truth of
+the conformance suite and the explicit fallback of the other platforms.
+"""
+
+from __future__ import annotations
+
+from hwrun import API_VERSION, __version__
+from hwrun.hookspecs import hookimpl
+from hwrun.ops.catalogue import catalogue
+from hwrun.platform import Capabilities, PlatformInfo
+from hwrun.registry import OpImpl, OpRegistry
+
+NAME = "reference"
+
+
+@hookimpl
+def hwrun_api_version() -> str:
+    return API_VERSION
+
+
+@hookimpl
+def hwrun_platform() -> PlatformInfo:
+    return PlatformInfo(
+        name=NAME,
+        vendor="hwrun",
+        description="Pure-PyTorch reference of every op (exact, slow); runs on any torch device",
+        device_source="cpu",
+        version=__version__,
+    )
+
+
+@hookimpl
+def hwrun_register_ops(registry: OpRegistry) -> None:
+    for contract in catalogue().values():
+        registry.register(
+            OpImpl(
+                op=contract.name,
+                name=NAME,
+                platform=registry.platform,
+                fn=contract.reference,
+                validate=contract.reference_validate,
+                description="pure-PyTorch definition",
+            )
+        )
+
+
+@hookimpl
+def hwrun_capabilities() -> Capabilities:
+    return Capabilities(
+        ops=frozenset(catalogue()),
+        features=frozenset({"batch_invariant", "exact_reference"}),
+    )

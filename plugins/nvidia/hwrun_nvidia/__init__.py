@@ -1,0 +1,1 @@
+"""hwrun plugin for NVIDIA GPUs: Triton tier tuned for Hopper/Blackwell, DeepGEMM / FlashMLA / FlashInfer adapters."""

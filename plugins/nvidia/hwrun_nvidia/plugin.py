@@ -1,0 +1,46 @@
+"""Hooks of the NVIDIA platform. Op implementations are registered per op family module."""
+
+from __future__ import annotations
+
+from hwrun import API_VERSION
+from hwrun.deployment import Deployment, device_count_reasons
+from hwrun.devices import detect_nvml
+from hwrun.hookspecs import hookimpl
+from hwrun.platform import Capabilities, PlatformInfo
+from hwrun.registry import OpRegistry
+
+NAME = "nvidia"
+
+
+@hookimpl
+def hwrun_api_version() -> str:
+    return API_VERSION
+
+
+@hookimpl
+def hwrun_platform() -> PlatformInfo:
+    return PlatformInfo(
+        name=NAME,
+        vendor="nvidia",
+        description="NVIDIA GPUs (Hopper, Blackwell): Triton tier + DeepGEMM/FlashMLA adapters",
+        device_source="nvml",
+        version="0.1.0",
+    )
+
+
+@hookimpl
+def hwrun_register_ops(registry: OpRegistry) -> None:
+    """No NVIDIA op implementations are registered yet."""
+
+
+@hookimpl
+def hwrun_capabilities() -> Capabilities:
+    return Capabilities(
+        dtypes=frozenset({"bfloat16", "float16", "float32", "float8_e4m3fn"}),
+        notes=("FP4 tensor-core math needs Blackwell (sm_100+); Hopper reads FP4 as data.",),
+    )
+
+
+@hookimpl
+def hwrun_validate_deployment(deployment: Deployment) -> list[str]:
+    return device_count_reasons(deployment, NAME, len(detect_nvml()), "NVIDIA GPU")

@@ -1,0 +1,1 @@
+"""hwrun plugin for Google TPUs: Pallas kernels (JAX), interpret mode on CPU."""
