@@ -1,1 +1,2 @@
-"""hwrun plugin for NVIDIA GPUs: Triton tier tuned for Hopper/Blackwell, DeepGEMM / FlashMLA / FlashInfer adapters."""
+"""hwrun plugin for NVIDIA GPUs: Triton tier tuned for Hopper/Blackwell, DeepGEMM / FlashMLA /
+FlashInfer adapters."""
