@@ -1,0 +1,46 @@
+"""Writes throwaway plugin modules for loading tests."""
+
+import itertools
+import textwrap
+from pathlib import Path
+
+_counter = itertools.count()
+
+GOOD = """
+from hwrun.hookspecs import hookimpl
+from hwrun.platform import PlatformInfo, Capabilities
+from hwrun.registry import OpImpl
+
+@hookimpl
+def hwrun_api_version():
+    return "{api}"
+
+@hookimpl
+def hwrun_platform():
+    return PlatformInfo(name="{name}", vendor="test", description="test plugin",
+                        device_source="none", version="9.9")
+
+@hookimpl
+def hwrun_register_ops(registry):
+    registry.register(OpImpl(op="demo.add", name="fast", platform=registry.platform,
+                             fn=lambda a, b: a + b, priority=10))
+
+@hookimpl
+def hwrun_capabilities():
+    return Capabilities(ops=frozenset({{"demo.add"}}))
+
+@hookimpl
+def hwrun_validate_deployment(deployment):
+    return ["{name} refuses everything"]
+"""
+
+
+def write_plugin(tmp_path: Path, body: str) -> str:
+    """Write ``body`` as a fresh, uniquely named module in tmp_path; return its import name."""
+    name = f"hwrun_test_plugin_{next(_counter)}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    return name
+
+
+def good_plugin(tmp_path: Path, name: str = "demo", api: str = "1.0") -> str:
+    return write_plugin(tmp_path, GOOD.format(name=name, api=api))
