@@ -10,7 +10,7 @@ import importlib
 
 from hwrun.ops.contract import OpContract
 
-OP_MODULES: tuple[str, ...] = ()
+OP_MODULES: tuple[str, ...] = ("moe",)
 
 
 def catalogue() -> dict[str, OpContract]:
