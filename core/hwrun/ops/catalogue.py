@@ -10,7 +10,7 @@ import importlib
 
 from hwrun.ops.contract import OpContract
 
-OP_MODULES: tuple[str, ...] = ("moe",)
+OP_MODULES: tuple[str, ...] = ("moe", "topk", "attn", "kda")
 
 
 def catalogue() -> dict[str, OpContract]:
