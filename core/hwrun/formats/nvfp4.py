@@ -1,0 +1,129 @@
+"""NVFP4: E2M1 elements, one E4M3 scale per 16 elements, and one fp32 tensor scale.
+
+Rule (docs/formats.md, "NVFP4"): ``tensor_scale = 448 * 6 / amax(x)`` unless given (1.0 when
+amax is 0); per block of 16, ``sf = (amax_b / 6) * tensor_scale`` in fp32, stored as
+``s = e4m3(max(sf, 2^-9))`` (RNE, saturating at 448; the floor at the smallest e4m3 keeps every
+scale non-zero, as DeepSeek-V4's fp4 activation quantizer does); elements
+``e2m1(x * (tensor_scale / s))`` with mxfp4's element rule. Decoding is
+``e2m1 * s / tensor_scale``. The arithmetic order is torchao's ``nvfp4_quantize`` (with its
+``per_tensor_scale`` = 1 / tensor_scale); torchao floors ``sf`` at 2^-6 instead of 2^-9.
+
+Scale layouts: ``quantize_nvfp4`` returns scales linear ``[..., N // 16]``;
+``swizzle_128x4`` / ``unswizzle_128x4`` convert a ``[M, N // 16]`` matrix to and from the
+128x4-tiled layout the Blackwell block-scaled MMA reads (cuBLAS "block scaling factors
+layout"): rows and columns zero-padded to multiples of 128 and 4, tiles in row-major order, and
+inside a 512-byte tile the scale of row r, column c at ``(r % 32) * 16 + (r // 32) * 4 + c``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hwrun.formats.checks import (
+    require_float,
+    require_last_dim_multiple,
+    require_shape,
+    require_uint8,
+)
+from hwrun.formats.fp8 import E4M3_MAX, decode_e4m3, encode_e4m3
+from hwrun.formats.mxfp4 import (
+    E2M1_MAX,
+    decode_e2m1,
+    encode_e2m1,
+    pack_nibbles,
+    unpack_nibbles,
+)
+
+NV_BLOCK = 16
+MIN_BLOCK_SCALE = 2.0**-9  # the smallest positive e4m3 (a subnormal)
+TILE_ROWS, TILE_COLS = 128, 4
+
+
+def default_tensor_scale(x: torch.Tensor) -> torch.Tensor:  # [...] -> 0-dim fp32
+    amax = x.float().abs().amax()
+    return torch.where(amax == 0, torch.ones_like(amax), (E4M3_MAX * E2M1_MAX) / amax)
+
+
+def quantize_blocks(
+    x: torch.Tensor,  # [..., N] fp32, N a multiple of 16
+    tensor_scale: torch.Tensor,  # 0-dim fp32
+) -> tuple[torch.Tensor, torch.Tensor]:  # codes [..., N] uint8 (one per byte), scales [..., N//16]
+    """The NVFP4 block step (module docstring), shared with the nvfp4_ds_mla latent rows."""
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // NV_BLOCK, NV_BLOCK)
+    sf = (blocks.abs().amax(dim=-1) / E2M1_MAX) * tensor_scale
+    scales = encode_e4m3(sf.clamp(min=MIN_BLOCK_SCALE))
+    multiplier = tensor_scale / decode_e4m3(scales)
+    codes = encode_e2m1(blocks * multiplier.unsqueeze(-1))
+    return codes.reshape(x.shape), scales
+
+
+def dequantize_blocks(
+    codes: torch.Tensor,  # [..., N] uint8, one e2m1 code per byte
+    scales: torch.Tensor,  # [..., N // 16] uint8 e4m3
+) -> torch.Tensor:  # [..., N] float32, before the tensor scale
+    values = decode_e2m1(codes).reshape(*scales.shape, NV_BLOCK)
+    return (values * decode_e4m3(scales).unsqueeze(-1)).reshape(codes.shape)
+
+
+def quantize_nvfp4(
+    x: torch.Tensor,  # [..., N] float, N a multiple of 16
+    tensor_scale: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (packed [..., N // 2] uint8, scales [..., N // 16] uint8 e4m3, tensor_scale)."""
+    shape = "[..., N] with N a multiple of 16"
+    xf = require_float(x, "quantize_nvfp4", shape)
+    require_last_dim_multiple(xf, NV_BLOCK, "quantize_nvfp4", shape)
+    if tensor_scale is None:
+        ts = default_tensor_scale(xf)
+    else:
+        ts = torch.as_tensor(tensor_scale, dtype=torch.float32, device=xf.device).reshape(())
+    codes, scales = quantize_blocks(xf, ts)
+    return pack_nibbles(codes), scales, ts
+
+
+def dequantize_nvfp4(
+    packed: torch.Tensor,  # [..., N // 2] uint8
+    scales: torch.Tensor,  # [..., N // 16] uint8 e4m3
+    tensor_scale: torch.Tensor | float,
+) -> torch.Tensor:  # [..., N] float32
+    shape = "[..., N // 2] with N a multiple of 16"
+    packed = require_uint8(packed, "dequantize_nvfp4", shape)
+    half = require_last_dim_multiple(packed, NV_BLOCK // 2, "dequantize_nvfp4", shape)
+    scales = require_uint8(scales, "dequantize_nvfp4 scales", "[..., N // 16] e4m3")
+    expected = (*packed.shape[:-1], half * 2 // NV_BLOCK)
+    require_shape(scales, expected, "dequantize_nvfp4 scales", f"{list(expected)} uint8")
+    ts = torch.as_tensor(tensor_scale, dtype=torch.float32, device=packed.device)
+    return dequantize_blocks(unpack_nibbles(packed), scales) / ts
+
+
+def _tiled_offsets(rows: int, cols: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """Offset of each [rows, cols] scale in the 128x4-tiled buffer, and the buffer size."""
+    col_tiles = -(-cols // TILE_COLS)
+    r = torch.arange(rows, device=device).unsqueeze(1)
+    c = torch.arange(cols, device=device).unsqueeze(0)
+    tile = (r // TILE_ROWS) * col_tiles + c // TILE_COLS
+    inner = (r % 32) * 16 + ((r % TILE_ROWS) // 32) * 4 + c % TILE_COLS
+    padded_rows = -(-rows // TILE_ROWS) * TILE_ROWS
+    return tile * (TILE_ROWS * TILE_COLS) + inner, padded_rows * col_tiles * TILE_COLS
+
+
+def swizzle_128x4(scales: torch.Tensor) -> torch.Tensor:  # [M, K] uint8 -> flat uint8
+    """Linear ``[M, K]`` scales (K = N // 16) to the 128x4-tiled layout, zero padded."""
+    scales = require_uint8(scales, "swizzle_128x4", "[M, K]")
+    if scales.dim() != 2:
+        raise ValueError(f"swizzle_128x4: expected shape [M, K], got {tuple(scales.shape)}")
+    offsets, size = _tiled_offsets(*scales.shape, scales.device)
+    out = torch.zeros(size, dtype=torch.uint8, device=scales.device)
+    out[offsets.flatten()] = scales.flatten()
+    return out
+
+
+def unswizzle_128x4(tiled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:  # -> [M, K]
+    tiled = require_uint8(tiled, "unswizzle_128x4", "[ceil(M/128)*128 * ceil(K/4)*4] flat")
+    offsets, size = _tiled_offsets(rows, cols, tiled.device)
+    if tiled.dim() != 1 or tiled.numel() != size:
+        raise ValueError(
+            f"unswizzle_128x4: expected shape [{size}] for a [{rows}, {cols}] "
+            f"scale matrix, got {tuple(tiled.shape)}"
+        )
+    return tiled[offsets]
