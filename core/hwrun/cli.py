@@ -21,7 +21,9 @@ from hwrun.errors import HwrunError, UnsupportedError
 from hwrun.plugins import PluginSet, load_plugins
 
 # name -> "module:attribute" of a click command, imported on first use.
-LAZY_COMMANDS: dict[str, str] = {}
+LAZY_COMMANDS: dict[str, str] = {
+    "plan": "hwrun.kv.plan_command:plan",
+}
 
 
 class LazyGroup(click.Group):
