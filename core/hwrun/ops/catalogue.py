@@ -10,7 +10,7 @@ import importlib
 
 from hwrun.ops.contract import OpContract
 
-OP_MODULES: tuple[str, ...] = ("moe", "topk", "attn", "kda")
+OP_MODULES: tuple[str, ...] = ("moe", "topk", "attn", "kda", "kv_write", "indexer", "sparse_mla")
 
 
 def catalogue() -> dict[str, OpContract]:
