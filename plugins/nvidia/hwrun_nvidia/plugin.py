@@ -8,6 +8,7 @@ from hwrun.devices import detect_nvml
 from hwrun.hookspecs import hookimpl
 from hwrun.platform import Capabilities, PlatformInfo
 from hwrun.registry import OpRegistry
+from hwrun_nvidia import attn, indexer, kv, sparse_mla
 
 NAME = "nvidia"
 
@@ -30,7 +31,13 @@ def hwrun_platform() -> PlatformInfo:
 
 @hookimpl
 def hwrun_register_ops(registry: OpRegistry) -> None:
-    """No NVIDIA op implementations are registered yet."""
+    """The Triton tier (Hopper tuning) for every op family, vendor-library adapters above it.
+
+    Each family module registers its own impls; kernels and vendor libraries are imported at
+    the first call, so loading the plugin stays cheap and works without a GPU.
+    """
+    for family in (indexer, sparse_mla, attn, kv):
+        family.register(registry)
 
 
 @hookimpl

@@ -1,0 +1,1 @@
+"""Fast kernels shared by vendor plugins."""

@@ -1,0 +1,1 @@
+"""Portable Triton kernels of the catalogue ops (NVIDIA and AMD; TRITON_INTERPRET=1 on CPU)."""

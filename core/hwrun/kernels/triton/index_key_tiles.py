@@ -1,0 +1,129 @@
+"""Scoring one tile of packed index keys against the query heads (shared by paged and ragged).
+
+Both index-key formats are read as stored, never widened in memory: an fp8 key is one
+[BLOCK_N, 128] e4m3 tile and its fp32 scale; an mxfp4 key (68 B instead of 132) is four groups
+of 16 packed bytes, each unpacked in registers to 32 e2m1 values, which are exact in e4m3 (and
+in bf16), so each group is one matrix product of K=32 whose result is scaled by that group's
+power of two. With fp8 queries the products run on the fp8 tensor cores; other query dtypes
+are rounded to bf16 (keys convert exactly) and use the bf16 ones. Accumulation is fp32.
+Triton's CPU interpreter multiplies bf16 tiles wrongly (NumPy has no bf16), so under
+TRITON_INTERPRET=1 the non-fp8 path computes in fp32 instead (``WIDE`` below).
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+FMT_FP8 = 0
+FMT_MXFP4 = 1
+
+
+@triton.jit
+def _e2m1_as_e4m3_bits(code):
+    # E2M1 magnitude m (3 bits) -> E4M3 bits: 0 -> 0, 0.5 -> 0x30, and for m >= 2 the exponent
+    # (m >> 1) + 6 with mantissa bit (m & 1) << 2, which is m * 4 + 48. The sign moves to bit 7.
+    mag = code & 7
+    bits = tl.where(mag >= 2, mag * 4 + 48, tl.where(mag == 1, 0x30, 0))
+    return (bits | ((code & 8) << 4)).to(tl.uint8)
+
+
+@triton.jit
+def load_query_fp8_keys(
+    q_ptr, m_offs, m_mask, D: tl.constexpr, Q_FP8: tl.constexpr, WIDE: tl.constexpr
+):
+    """Queries as the [128, M] right-hand operand for fp8 keys."""
+    d = tl.arange(0, D)
+    qt = tl.load(q_ptr + m_offs[None, :] * D + d[:, None], mask=m_mask[None, :], other=0.0)
+    if Q_FP8:
+        return qt
+    return qt.to(WIDE)
+
+
+@triton.jit
+def load_query_group(
+    q_ptr, m_offs, m_mask, g: tl.constexpr, D: tl.constexpr, Q_FP8: tl.constexpr, WIDE: tl.constexpr
+):
+    """Queries of one 32-wide mxfp4 group as a [32, M] right-hand operand."""
+    d = g * 32 + tl.arange(0, 32)
+    qt = tl.load(q_ptr + m_offs[None, :] * D + d[:, None], mask=m_mask[None, :], other=0.0)
+    if Q_FP8:
+        return qt
+    return qt.to(WIDE)
+
+
+@triton.jit
+def fp8_key_scores(elem_rows, scale_rows, n_mask, qt, Q_FP8: tl.constexpr, WIDE: tl.constexpr):
+    """[BLOCK_N, M] fp32 = k_scale * (k . q) for fp8 keys.
+
+    ``elem_rows``: [BLOCK_N] pointers to each key's 128 e4m3 bytes; ``scale_rows``: [BLOCK_N]
+    pointers to its fp32 scale.
+    """
+    d = tl.arange(0, 128)
+    raw = tl.load(elem_rows[:, None] + d[None, :], mask=n_mask[:, None], other=0)
+    keys = raw.to(tl.float8e4nv, bitcast=True)
+    if not Q_FP8:
+        keys = keys.to(WIDE)
+    scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32)), mask=n_mask, other=0.0)
+    return tl.dot(keys, qt) * scale[:, None]
+
+
+@triton.jit
+def _mxfp4_group(elem_rows, n_mask, g: tl.constexpr, Q_FP8: tl.constexpr, WIDE: tl.constexpr):
+    b = g * 16 + tl.arange(0, 16)
+    packed = tl.load(elem_rows[:, None] + b[None, :], mask=n_mask[:, None], other=0)
+    lo = _e2m1_as_e4m3_bits(packed & 15)  # element 2i
+    hi = _e2m1_as_e4m3_bits(packed >> 4)  # element 2i + 1
+    pairs = tl.join(lo, hi)  # [BLOCK_N, 16, 2]: natural element order once flattened
+    keys = tl.reshape(pairs, (pairs.shape[0], 32)).to(tl.float8e4nv, bitcast=True)
+    if not Q_FP8:
+        keys = keys.to(WIDE)
+    return keys
+
+
+@triton.jit
+def mxfp4_key_scores(
+    elem_rows, scale_rows, n_mask, q0, q1, q2, q3, Q_FP8: tl.constexpr, WIDE: tl.constexpr
+):
+    """[BLOCK_N, M] fp32 = sum_g 2^(e_g - 127) * (k_g . q_g) for mxfp4 keys.
+
+    ``elem_rows``: [BLOCK_N] pointers to each key's 64 packed bytes; ``scale_rows``: [BLOCK_N]
+    pointers to its 4 E8M0 codes; ``q0..q3``: the [32, M] query groups.
+    """
+    codes = tl.load(scale_rows[:, None] + tl.arange(0, 4)[None, :], mask=n_mask[:, None], other=0)
+    # E8M0 code c is 2^(c - 127), NaN for 0xFF (kept: a NaN scale poisons that key's score).
+    scales = tl.where(codes == 255, float("nan"), tl.exp2(codes.to(tl.float32) - 127.0))
+    s0, s1, s2, s3 = _split4(scales)
+    acc = tl.dot(_mxfp4_group(elem_rows, n_mask, 0, Q_FP8, WIDE), q0) * s0[:, None]
+    acc += tl.dot(_mxfp4_group(elem_rows, n_mask, 1, Q_FP8, WIDE), q1) * s1[:, None]
+    acc += tl.dot(_mxfp4_group(elem_rows, n_mask, 2, Q_FP8, WIDE), q2) * s2[:, None]
+    acc += tl.dot(_mxfp4_group(elem_rows, n_mask, 3, Q_FP8, WIDE), q3) * s3[:, None]
+    return acc
+
+
+@triton.jit
+def _split4(x):
+    # [BLOCK_N, 4] -> four [BLOCK_N] columns.
+    a, b = tl.split(tl.reshape(x, (x.shape[0], 2, 2)))
+    s0, s1 = tl.split(a)
+    s2, s3 = tl.split(b)
+    return s0, s2, s1, s3
+
+
+@triton.jit
+def weighted_relu_sum(scores, w, NEXT_N: tl.constexpr, HP: tl.constexpr):
+    """[BLOCK_N, NEXT_N * HP] scores, [NEXT_N * HP] weights -> [BLOCK_N, NEXT_N] logits."""
+    s = tl.maximum(scores, 0.0) * w[None, :]
+    return tl.sum(tl.reshape(s, (s.shape[0], NEXT_N, HP)), axis=2)
+
+
+def wide_dtype():
+    """The dtype non-fp8 queries and keys are multiplied in: bf16, fp32 in the interpreter."""
+    return tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
+
+
+def padded_heads(num_heads: int) -> int:
+    """Heads padded to a power of two of at least 16 (the matrix units' smallest N)."""
+    return max(16, triton.next_power_of_2(num_heads))

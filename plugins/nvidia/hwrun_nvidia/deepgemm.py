@@ -1,0 +1,117 @@
+"""DeepGEMM adapters for the indexer logits (``fp8_paged_mqa_logits``, ``fp8_mqa_logits``).
+
+Registered only when ``deep_gemm`` can be found; the import itself (which JIT-compiles on first
+call with the machine's nvcc) happens at the first call. Conventions converted to the contract:
+- DeepGEMM takes fp8 queries only (``float8_e4m3fn`` codes, their scale folded into the
+  weights: ``hwrun.ops.indexer.fold_q_scale``), 32 or 64 heads, head dim 128, fp8 keys, and
+  64-token pages on Hopper.
+- its logits rows may be wider than asked (a padded row stride), and positions at and past a
+  row's length are left unwritten: the adapter slices to ``max_ctx`` / ``N`` and writes -inf
+  there itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hwrun.registry import OpImpl, OpRegistry, OpSpec
+from hwrun_nvidia.device_checks import cuda_reasons, dtype_reasons, format_reasons, importable
+
+DEEPGEMM_HEADS = (32, 64)
+
+
+def _validate(spec: OpSpec, paged: bool) -> list[str]:
+    reasons = []
+    if not importable("deep_gemm"):
+        reasons.append("DeepGEMM is not installed (pip install tokenspeed-deepgemm)")
+    reasons += cuda_reasons(spec, min_sm=90)
+    reasons += format_reasons(spec, ("fp8",), "index-key")
+    reasons += dtype_reasons(spec, ("float8_e4m3fn",), "query")
+    if spec.num_heads is not None and spec.num_heads not in DEEPGEMM_HEADS:
+        reasons.append(f"DeepGEMM needs {DEEPGEMM_HEADS} index heads, got {spec.num_heads}")
+    if spec.head_dim not in (None, 128):
+        reasons.append(f"DeepGEMM needs head_dim 128, got {spec.head_dim}")
+    if paged and spec.block_size not in (None, 64):
+        reasons.append(f"DeepGEMM's paged logits need 64-token blocks, got {spec.block_size}")
+    return reasons
+
+
+def logits_paged(
+    q: torch.Tensor,  # [B, n, H, 128] float8_e4m3fn
+    weights: torch.Tensor,  # [B * n, H] float32
+    cache: torch.Tensor,  # [num_blocks, block_size * 132] uint8, contiguous pages
+    fmt: str,
+    block_table: torch.Tensor,  # [B, max_blocks] int32
+    context_lens: torch.Tensor,  # [B, n] int32
+    max_ctx: int,
+) -> torch.Tensor:  # [B * n, max_ctx] float32, -inf at and past each row's length
+    import deep_gemm
+
+    if fmt != "fp8" or q.dtype != torch.float8_e4m3fn:
+        raise ValueError(
+            f"DeepGEMM paged logits take fp8 keys and fp8 queries, got {fmt} {q.dtype}"
+        )
+    num_blocks = cache.shape[0]
+    block_size = cache.shape[1] // 132
+    fused = cache.as_strided((num_blocks, block_size, 1, 132), (cache.stride(0), 132, 132, 1))
+    lens = context_lens.to(torch.int32).contiguous()
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    meta = deep_gemm.get_paged_mqa_logits_metadata(lens, block_size, sms)
+    logits = deep_gemm.fp8_paged_mqa_logits(
+        q.contiguous(),
+        fused,
+        weights.float().contiguous(),
+        lens,
+        block_table.to(torch.int32).contiguous(),
+        meta,
+        max_ctx,
+        False,
+    )
+    pos = torch.arange(max_ctx, device=q.device)
+    past = pos[None, :] >= lens.reshape(-1, 1)
+    return logits[:, :max_ctx].masked_fill(past, float("-inf"))
+
+
+def logits_ragged(
+    q: torch.Tensor,  # [M, H, 128] float8_e4m3fn
+    weights: torch.Tensor,  # [M, H] float32
+    key_elements: torch.Tensor,  # [N, 128] uint8 e4m3
+    key_scales: torch.Tensor,  # [N, 4] uint8, one fp32 each
+    fmt: str,
+    ks: torch.Tensor,  # [M] int32
+    ke: torch.Tensor,  # [M] int32
+) -> torch.Tensor:  # [M, N] float32, -inf outside [ks, ke)
+    import deep_gemm
+
+    if fmt != "fp8" or q.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"DeepGEMM logits take fp8 keys and fp8 queries, got {fmt} {q.dtype}")
+    n = key_elements.shape[0]
+    keys = key_elements.contiguous().view(torch.float8_e4m3fn)
+    scales = key_scales.contiguous().view(torch.float32).reshape(n)
+    starts, ends = ks.to(torch.int32).contiguous(), ke.to(torch.int32).contiguous()
+    logits = deep_gemm.fp8_mqa_logits(
+        q.contiguous(), (keys, scales), weights.float().contiguous(), starts, ends
+    )
+    pos = torch.arange(n, device=q.device)
+    outside = (pos[None, :] < starts[:, None]) | (pos[None, :] >= ends[:, None])
+    return logits[:, :n].masked_fill(outside, float("-inf"))
+
+
+def register(registry: OpRegistry) -> None:
+    if not importable("deep_gemm"):
+        return
+    for op, fn, paged in (
+        ("indexer.logits_paged", logits_paged, True),
+        ("indexer.logits_ragged", logits_ragged, False),
+    ):
+        registry.register(
+            OpImpl(
+                op=op,
+                name="deepgemm",
+                platform=registry.platform,
+                fn=fn,
+                validate=lambda spec, paged=paged: _validate(spec, paged),
+                priority=20,
+                description="DeepGEMM fp8 MQA logits (fp8 q and keys, 32 or 64 heads)",
+            )
+        )
