@@ -13,6 +13,8 @@ KNOBS: dict[str, str] = {
     "HWRUN_PLATFORM": "Default for --platform: a platform name or 'auto' (default).",
     "HWRUN_REFERENCE_FALLBACK": "1 (default): an op a platform cannot serve runs on the "
     "reference, reported as a fallback. 0: such an op is an error.",
+    "HWRUN_COLLECTIVE_TIMEOUT_S": "Seconds a collective of the default torch.distributed "
+    "communicator may wait for its peers before every rank raises (default 60).",
 }
 
 
@@ -38,3 +40,8 @@ def default_platform() -> str:
 
 def reference_fallback() -> bool:
     return _flag("HWRUN_REFERENCE_FALLBACK", True)
+
+
+def collective_timeout_s() -> float:
+    raw = os.environ.get("HWRUN_COLLECTIVE_TIMEOUT_S", "").strip()
+    return float(raw) if raw else 60.0
