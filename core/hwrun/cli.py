@@ -22,6 +22,7 @@ from hwrun.plugins import PluginSet, load_plugins
 
 # name -> "module:attribute" of a click command, imported on first use.
 LAZY_COMMANDS: dict[str, str] = {
+    "conformance": "hwrun_conformance.cli:conformance",
     "plan": "hwrun.kv.plan_command:plan",
 }
 

@@ -1,0 +1,94 @@
+"""Capability audit: what a platform claims (``hwrun_capabilities``) against what its cases show.
+
+A claim the cases do not bear out is a FAIL row: a claimed op with no impl or with every case
+refused, a claimed format that no implemented op accepts. Something that works without being
+claimed is a PASS row whose reason says so, so the vendor can add the claim. A claimed op whose
+cases fail is already FAIL case by case; batch invariance is judged by its BATCH cases.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
+
+from hwrun.platform import Capabilities
+from hwrun.plugins import PluginSet
+from hwrun_conformance.case import ACCURACY, BATCH
+from hwrun_conformance.status import Status
+
+if TYPE_CHECKING:
+    from hwrun_conformance.runner import Result
+
+AUDIT_OP = "capabilities"
+# Refused cases say nothing about a claim; known failures are judged by their own entries.
+_UNJUDGED = frozenset({Status.NOT_SUPPORTED, Status.KNOWN_FAILURE})
+
+
+def audit(
+    plugins: PluginSet, platform: str, claims: Capabilities, results: list[Result], ops_glob: str
+) -> list[Result]:
+    from hwrun_conformance.runner import Result
+
+    rows: list[Result] = []
+
+    def row(item: str, ok: bool, reason: str) -> None:
+        rows.append(
+            Result(
+                platform=platform,
+                op=AUDIT_OP,
+                case=item,
+                status=Status.PASS if ok else Status.FAIL,
+                metric="claim",
+                reason=reason,
+            )
+        )
+
+    by_op: dict[str, list[Result]] = defaultdict(list)
+    for result in results:
+        if result.kind != "uncovered":  # a gap in the suite says nothing about the platform
+            by_op[result.op].append(result)
+    gaps = {r.op for r in results if r.kind == "uncovered"}
+    registry = plugins.registry(platform)
+
+    for op in sorted(by_op):
+        op_results = by_op[op]
+        ran = [r for r in op_results if r.status not in _UNJUDGED and r.kind == ACCURACY]
+        passing = bool(ran) and all(r.status == Status.PASS for r in ran)
+        if op in claims.ops:
+            if not registry.impls(op):
+                row(f"ops:{op}", False, f"claims {op} but registers no impl of it")
+            elif not ran:
+                row(f"ops:{op}", False, f"claims {op} but its impls refuse every case")
+            else:
+                row(f"ops:{op}", passing, "claimed and " + ("passing" if passing else "failing"))
+        elif passing:
+            row(f"ops:{op}", True, f"{op} passes but is not claimed: add it to hwrun_capabilities")
+    for op in sorted(claims.ops):
+        if op not in by_op and op not in gaps and fnmatchcase(op, ops_glob):
+            row(f"ops:{op}", False, f"claims {op}, which is not in this hwrun's catalogue")
+
+    formats_ran: dict[str, bool] = {}
+    for result in results:
+        if result.kind != ACCURACY or result.status in _UNJUDGED or not result.impl:
+            continue
+        for fmt in result.formats:
+            formats_ran[fmt] = formats_ran.get(fmt, True) and result.status == Status.PASS
+    for fmt in sorted(claims.formats):
+        if fmt in formats_ran:
+            ok = formats_ran[fmt]
+            row(f"formats:{fmt}", ok, "claimed and " + ("passing" if ok else "failing"))
+        elif any(r.impl for r in results):
+            row(f"formats:{fmt}", False, f"claims {fmt} but no implemented op runs a case in it")
+    for fmt, ok in sorted(formats_ran.items()):
+        if ok and fmt not in claims.formats:
+            row(f"formats:{fmt}", True, f"{fmt} passes but is not claimed")
+
+    batch = [r for r in results if r.kind == BATCH and r.impl]
+    if batch:
+        invariant = all(r.status == Status.PASS for r in batch)
+        if "batch_invariant" in claims.features:
+            row("features:batch_invariant", invariant, "claimed; see the .batch cases")
+        elif invariant:
+            row("features:batch_invariant", True, "batch-invariant on every case but not claimed")
+    return rows

@@ -1,0 +1,196 @@
+"""Reports of a run: results.jsonl (one object per case), summary.md (op x platform), junit.xml,
+and the console summary table."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from dataclasses import asdict
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+from rich.table import Table
+
+from hwrun_conformance.runner import Result, conformant
+from hwrun_conformance.status import Status
+
+STYLE = {
+    Status.PASS: "green",
+    Status.NOT_SUPPORTED: "dim",
+    Status.QUALITY_WARNING: "yellow",
+    Status.KNOWN_FAILURE: "magenta",
+    Status.FAIL: "red",
+    Status.CRASH: "bold red",
+    Status.TIMEOUT: "bold red",
+}
+
+
+def write_reports(results: list[Result], directory: Path, accept_known: bool = False) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "results.jsonl").open("w") as handle:
+        for result in results:
+            handle.write(json.dumps(_row(result)) + "\n")
+    (directory / "summary.md").write_text(summary_markdown(results, accept_known))
+    ET.ElementTree(junit(results)).write(
+        directory / "junit.xml", encoding="utf-8", xml_declaration=True
+    )
+
+
+def _row(result: Result) -> dict:
+    row = asdict(result)
+    row["status"] = str(result.status)
+    row["formats"] = list(result.formats)
+    if row["value"] is not None and not math.isfinite(row["value"]):
+        row["value"] = str(row["value"])  # JSON has no inf/nan
+    return row
+
+
+def platforms_of(results: list[Result]) -> list[str]:
+    return list(dict.fromkeys(r.platform for r in results))
+
+
+def ops_of(results: list[Result]) -> list[str]:
+    return list(dict.fromkeys(r.op for r in results))
+
+
+# Console cells are narrow: short names there, full names in summary.md.
+SHORT = {
+    Status.PASS: "pass",
+    Status.FAIL: "FAIL",
+    Status.NOT_SUPPORTED: "n/s",
+    Status.QUALITY_WARNING: "warn",
+    Status.KNOWN_FAILURE: "known",
+    Status.CRASH: "CRASH",
+    Status.TIMEOUT: "TIMEOUT",
+}
+
+
+def cell(results: list[Result], short: bool = False) -> str:
+    """One op on one platform: statuses worst first, with counts (e.g. "FAIL 1 · PASS 11")."""
+    if not results:
+        return "-"
+    counts = Counter(r.status for r in results)
+    order = [s for s in _SEVERITY if s in counts]
+    return " · ".join(f"{SHORT[s] if short else s} {counts[s]}" for s in order)
+
+
+_SEVERITY = (
+    Status.CRASH,
+    Status.TIMEOUT,
+    Status.FAIL,
+    Status.KNOWN_FAILURE,
+    Status.QUALITY_WARNING,
+    Status.PASS,
+    Status.NOT_SUPPORTED,
+)
+
+
+def summary_markdown(results: list[Result], accept_known: bool = False) -> str:
+    platforms = platforms_of(results)
+    grouped: dict[tuple[str, str], list[Result]] = defaultdict(list)
+    for result in results:
+        grouped[(result.op, result.platform)].append(result)
+    lines = ["# hwrun conformance", "", "| op | " + " | ".join(platforms) + " |"]
+    lines.append("|---|" + "---|" * len(platforms))
+    for op in ops_of(results):
+        cells = [cell(grouped[(op, p)]) for p in platforms]
+        lines.append(f"| `{op}` | " + " | ".join(cells) + " |")
+    verdicts = [
+        "conformant" if conformant(results, p, accept_known) else "**not conformant**"
+        for p in platforms
+    ]
+    lines.append("| **verdict** | " + " | ".join(verdicts) + " |")
+    problems = [r for r in results if r.status not in {Status.PASS, Status.NOT_SUPPORTED}]
+    if problems:
+        lines += [
+            "",
+            "## Cases that did not pass",
+            "",
+            "| platform | op | case | impl | status | reason |",
+        ]
+        lines.append("|---|---|---|---|---|---|")
+        lines += [
+            f"| {r.platform} | `{r.op}` | {r.case} | {r.impl or '-'} | {r.status} "
+            f"| {_md(r.reason)} |"
+            for r in problems
+        ]
+    relaxed = [r for r in results if r.relaxation]
+    if relaxed:
+        lines += ["", "## Relaxed tolerances", ""]
+        lines += [f"- {r.platform} `{r.op}` {r.case}: {r.relaxation}" for r in relaxed]
+    audit = [r for r in results if r.op == "capabilities"]
+    if audit:
+        lines += ["", "## Capability audit", ""]
+        lines += [f"- {r.platform} {r.case}: {r.status} ({r.reason})" for r in audit]
+    return "\n".join(lines) + "\n"
+
+
+def junit(results: list[Result]) -> ET.Element:
+    root = ET.Element("testsuites", name="hwrun-conformance")
+    for platform in platforms_of(results):
+        rows = [r for r in results if r.platform == platform]
+        counts = Counter(r.status for r in rows)
+        suite = ET.SubElement(
+            root,
+            "testsuite",
+            name=f"hwrun-conformance.{platform}",
+            tests=str(len(rows)),
+            failures=str(counts[Status.FAIL] + counts[Status.KNOWN_FAILURE]),
+            errors=str(counts[Status.CRASH] + counts[Status.TIMEOUT]),
+            skipped=str(counts[Status.NOT_SUPPORTED]),
+            time=f"{sum(r.seconds for r in rows):.3f}",
+        )
+        for r in rows:
+            name = f"{r.case}[{r.impl}]" if r.impl else r.case
+            case = ET.SubElement(
+                suite,
+                "testcase",
+                classname=f"{platform}.{r.op}",
+                name=name,
+                time=f"{r.seconds:.3f}",
+            )
+            message = f"{r.status}: {r.reason}" if r.reason else str(r.status)
+            if r.status == Status.NOT_SUPPORTED:
+                ET.SubElement(case, "skipped", message=message)
+            elif r.status in {Status.FAIL, Status.KNOWN_FAILURE}:
+                ET.SubElement(case, "failure", message=message, type=str(r.status))
+            elif r.status in {Status.CRASH, Status.TIMEOUT}:
+                ET.SubElement(case, "error", message=message, type=str(r.status))
+            elif r.status == Status.QUALITY_WARNING:
+                ET.SubElement(case, "system-out").text = message
+    return root
+
+
+def summary_table(results: list[Result], accept_known: bool = False) -> Table:
+    platforms = platforms_of(results)
+    table = Table(title="hwrun conformance (n/s = not supported by the platform's own impls)")
+    table.add_column("op", no_wrap=True)
+    for platform in platforms:
+        table.add_column(platform)
+    grouped: dict[tuple[str, str], list[Result]] = defaultdict(list)
+    for result in results:
+        grouped[(result.op, result.platform)].append(result)
+    for op in ops_of(results):
+        table.add_row(op, *[_styled(grouped[(op, p)]) for p in platforms])
+    table.add_row(
+        "verdict",
+        *[
+            "[green]conformant[/green]"
+            if conformant(results, p, accept_known)
+            else "[red]not conformant[/red]"
+            for p in platforms
+        ],
+    )
+    return table
+
+
+def _styled(results: list[Result]) -> str:
+    if not results:
+        return "-"
+    worst = next(s for s in _SEVERITY if any(r.status == s for r in results))
+    return f"[{STYLE[worst]}]{cell(results, short=True)}[/{STYLE[worst]}]"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

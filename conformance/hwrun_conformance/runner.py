@@ -1,0 +1,244 @@
+"""The conformance run: plan the cases of each platform, run them in a worker, judge, audit.
+
+Only a platform's own implementations are tested, never the reference fallback: an op the
+platform does not implement, or a case every one of its impls refuses in ``validate``, is
+NOT_SUPPORTED with the reasons. Every impl that accepts a case runs it, so a platform with a
+Triton and a vendor-library impl of the same op gets both checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
+
+from hwrun.ops.catalogue import catalogue
+from hwrun.plugins import PluginSet
+from hwrun.registry import OpImpl
+from hwrun_conformance.audit import audit
+from hwrun_conformance.case import BATCH, Case
+from hwrun_conformance.cases import all_cases, uncovered
+from hwrun_conformance.known_failures import KNOWN_FAILURES, KnownFailure, find_known_failure
+from hwrun_conformance.status import BROKEN, CONFORMANT, Status
+from hwrun_conformance.worker import Reply, WorkerClient
+
+DEFAULT_TIMEOUT_S = 120.0
+UNCOVERED = "uncovered"  # the kind of the row an op without cases gets
+
+
+@dataclass(frozen=True)
+class Result:
+    """One row of the report: a case of an op on a platform, run by one impl (or by none)."""
+
+    platform: str
+    op: str
+    case: str
+    status: Status
+    impl: str | None = None
+    metric: str | None = None
+    value: float | None = None
+    threshold: float | None = None
+    seed: int | None = None
+    reason: str = ""
+    must_pass: bool = True
+    kind: str = "accuracy"
+    relaxation: str | None = None
+    seconds: float = 0.0
+    about: str = ""
+    formats: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Job:
+    platform: str
+    case: Case
+    impl: OpImpl
+    device: str
+
+
+@dataclass
+class RunOptions:
+    ops: str = "*"  # glob over op names
+    quick: bool = False
+    timeout: float = DEFAULT_TIMEOUT_S
+    known_failures: tuple[KnownFailure, ...] = KNOWN_FAILURES
+    accept_known_failures: bool = False
+    device: str | None = None  # None: the platform's devices when present, else cpu
+
+
+@dataclass
+class Plan:
+    jobs: list[Job] = field(default_factory=list)
+    decided: list[Result] = field(default_factory=list)  # NOT_SUPPORTED without running anything
+
+
+def plan(plugins: PluginSet, platform: str, options: RunOptions) -> Plan:
+    contracts = catalogue()
+    registry = plugins.registry(platform)
+    device = options.device or platform_device(plugins, platform)
+    result = Plan()
+    for op in uncovered(contracts):
+        if fnmatchcase(op, options.ops):
+            reason = "the suite has no cases for this op yet (a gap in hwrun, not the platform)"
+            result.decided.append(
+                Result(
+                    platform,
+                    op,
+                    "-",
+                    Status.NOT_SUPPORTED,
+                    reason=reason,
+                    must_pass=False,
+                    kind=UNCOVERED,
+                )
+            )
+    for op, cases in all_cases(contracts).items():
+        if not fnmatchcase(op, options.ops):
+            continue
+        impls = registry.impls(op)
+        for case in cases:
+            if options.quick and not case.quick:
+                continue
+            spec = replace(case.spec, device_type=device)
+            refusals: dict[str, list[str]] = {}
+            for impl in impls:
+                reasons = _reasons(impl, spec)
+                if reasons:
+                    refusals[impl.name] = reasons
+                else:
+                    result.jobs.append(Job(platform, case, impl, device))
+            if len(refusals) == len(impls):
+                result.decided.append(_not_supported(platform, case, refusals))
+    return result
+
+
+def platform_device(plugins: PluginSet, platform: str) -> str:
+    """Where a platform's cases run: its GPUs when present and torch sees them, else the CPU."""
+    info = plugins.get(platform).info
+    if info is not None and info.device_source in {"nvml", "amdsmi"} and plugins.devices(platform):
+        import torch
+
+        if torch.cuda.is_available():
+            return "cuda"
+    return "cpu"
+
+
+def run(
+    plugins: PluginSet,
+    platforms: list[str],
+    options: RunOptions,
+    on_result: Callable[[Result], None] | None = None,
+    on_planned: Callable[[int], None] | None = None,
+) -> list[Result]:
+    """Every case of every platform; ``on_planned`` gets the job count, ``on_result`` each row."""
+    worker = WorkerClient()
+    worker.start()  # loads torch while the plans are made
+    plans = {platform: plan(plugins, platform, options) for platform in platforms}
+    if on_planned:
+        on_planned(sum(len(p.jobs) + len(p.decided) for p in plans.values()))
+    results: list[Result] = []
+
+    def emit(result: Result) -> None:
+        results.append(result)
+        if on_result:
+            on_result(result)
+
+    try:
+        for platform, platform_plan in plans.items():
+            claims = plugins.capabilities(platform)
+            start = len(results)
+            for result in platform_plan.decided:
+                emit(result)
+            for job in platform_plan.jobs:
+                request = {
+                    "platform": job.platform,
+                    "impl": job.impl.name,
+                    "op": job.case.op,
+                    "case": job.case.name,
+                    "device": job.device,
+                }
+                reply = worker.run(request, options.timeout)
+                batch_claimed = "batch_invariant" in claims.features
+                emit(_judge(job, reply, batch_claimed, options.known_failures))
+            platform_results = results[start:]
+            for row in audit(plugins, platform, claims, platform_results, options.ops):
+                emit(row)
+    finally:
+        worker.close()
+    return results
+
+
+def conformant(results: list[Result], platform: str, accept_known_failures: bool = False) -> bool:
+    allowed = CONFORMANT | ({Status.KNOWN_FAILURE} if accept_known_failures else set())
+    return all(r.status in allowed for r in results if r.platform == platform and r.must_pass)
+
+
+def _judge(job: Job, reply: Reply, batch_claimed: bool, known: tuple[KnownFailure, ...]) -> Result:
+    case = job.case
+    base = Result(
+        platform=job.platform,
+        op=case.op,
+        case=case.name,
+        status=Status.FAIL,
+        impl=job.impl.name,
+        seed=case.seed,
+        must_pass=case.must_pass,
+        kind=case.kind,
+        seconds=round(reply.seconds, 3),
+        about=case.about,
+        formats=case.spec.formats,
+    )
+    if reply.kind == "crash":
+        result = replace(base, status=Status.CRASH, reason=reply.reason)
+    elif reply.kind == "timeout":
+        result = replace(base, status=Status.TIMEOUT, reason=reply.reason)
+    else:
+        verdict = reply.verdict or {}
+        result = replace(
+            base,
+            metric=verdict.get("metric"),
+            value=verdict.get("value"),
+            threshold=verdict.get("threshold"),
+            reason=verdict.get("reason", ""),
+            relaxation=verdict.get("relaxation"),
+            status=Status.PASS if verdict.get("passed") else Status.FAIL,
+        )
+        if result.status == Status.FAIL and case.kind == BATCH and not batch_claimed:
+            result = replace(
+                result,
+                status=Status.NOT_SUPPORTED,
+                reason=f"not batch-invariant (not claimed): {result.reason}",
+            )
+        elif result.status == Status.FAIL and not case.must_pass:
+            result = replace(result, status=Status.QUALITY_WARNING)
+    entry = find_known_failure(known, job.platform, case.op, case.name)
+    if entry is not None and result.status in BROKEN:
+        result = replace(
+            result, status=Status.KNOWN_FAILURE, reason=f"{entry.reason} [{result.reason}]"
+        )
+    return result
+
+
+def _not_supported(platform: str, case: Case, refusals: dict[str, list[str]]) -> Result:
+    if refusals:
+        reason = "; ".join(f"{impl}: {', '.join(r)}" for impl, r in refusals.items())
+    else:
+        reason = f"{platform} does not implement {case.op} (the reference fallback is not tested)"
+    return Result(
+        platform=platform,
+        op=case.op,
+        case=case.name,
+        status=Status.NOT_SUPPORTED,
+        seed=case.seed,
+        reason=reason,
+        must_pass=case.must_pass,
+        kind=case.kind,
+        about=case.about,
+        formats=case.spec.formats,
+    )
+
+
+def _reasons(impl: OpImpl, spec) -> list[str]:
+    try:
+        return list(impl.validate(spec))
+    except Exception as exc:  # a broken validator refuses rather than taking the run down
+        return [f"validate() raised {type(exc).__name__}: {exc}"]

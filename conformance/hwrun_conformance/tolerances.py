@@ -1,0 +1,89 @@
+"""Tolerances: one table per op and format, and the named relaxations vendors may claim.
+
+Every metric returns one number and passes when it is at most the threshold. For ``allclose`` the
+number is the worst ``|out - ref| / (atol + rtol * |ref|)``, so its threshold is 1 and the table
+carries atol and rtol. A relaxation loosens one (platform, op, output, format) row and must say
+why; reports print the reason next to every case it touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    threshold: float = 0.0
+    atol: float = 0.0  # allclose only
+    rtol: float = 0.0  # allclose only
+
+    def describe(self, metric: str) -> str:
+        if metric.startswith("allclose"):
+            return f"{metric}(atol={self.atol:g}, rtol={self.rtol:g})"
+        return metric
+
+
+EXACT = Tolerance(0.0)
+
+
+@dataclass(frozen=True)
+class Relaxation:
+    """A looser tolerance for one platform, with the reason it is acceptable."""
+
+    platform: str
+    op: str  # glob over op names
+    output: str  # glob over output names
+    key: str  # glob over format / dtype keys
+    tolerance: Tolerance
+    reason: str
+
+
+# (op glob, output glob, format/dtype glob) -> tolerance; the first matching row wins, so specific
+# rows come before general ones. Exact ops (cache writes, top-k, slot maps) need no row: their
+# metrics count mismatches and pass only at 0.
+TABLE: tuple[tuple[str, str, str, Tolerance], ...] = (
+    # Indexer logits: calc_diff (1 - cosine-like similarity) over the finite positions; the
+    # reference accumulates in fp32 from the same decoded keys, so only summation order differs.
+    ("indexer.logits_*", "*", "*", Tolerance(1e-5)),
+    # Sparse MLA: bf16 output of a softmax-weighted sum over up to a few thousand rows.
+    ("sparse_mla.*", "lse", "*", Tolerance(1.0, atol=1e-3, rtol=1e-3)),
+    ("sparse_mla.*", "*", "*", Tolerance(1.0, atol=1e-2, rtol=1e-2)),
+    ("attn.lse_combine", "lse", "*", Tolerance(1.0, atol=1e-5, rtol=1e-5)),
+    ("attn.lse_combine", "*", "bfloat16", Tolerance(1.0, atol=1e-2, rtol=1e-2)),
+    ("attn.lse_combine", "*", "*", Tolerance(1.0, atol=1e-5, rtol=1e-5)),
+    ("moe.route", "*", "*", Tolerance(1.0, atol=1e-5, rtol=1e-5)),
+    # Expert matmuls: dequantized weights are exact; activations in bf16 round differently.
+    ("moe.experts", "*", "*", Tolerance(1.0, atol=2e-2, rtol=2e-2)),
+    ("kda.*", "*", "bfloat16", Tolerance(1.0, atol=2e-2, rtol=2e-2)),
+    ("kda.*", "*", "*", Tolerance(1.0, atol=1e-4, rtol=1e-4)),
+    ("*", "*", "*", EXACT),
+)
+
+# Vendor relaxations. Add a row with the reason; docs/conformance.md says when one is acceptable.
+RELAXATIONS: tuple[Relaxation, ...] = ()
+
+
+def tolerance_for(
+    platform: str,
+    op: str,
+    output: str,
+    key: str,
+    relaxations: tuple[Relaxation, ...] = RELAXATIONS,
+) -> tuple[Tolerance, str | None]:
+    """The tolerance of one check, and the relaxation's reason when one applies."""
+    for relax in relaxations:
+        if relax.platform == platform and _match(
+            relax.op, relax.output, relax.key, op, output, key
+        ):
+            return relax.tolerance, relax.reason
+    for op_glob, output_glob, key_glob, tolerance in TABLE:
+        if _match(op_glob, output_glob, key_glob, op, output, key):
+            return tolerance, None
+    raise LookupError(f"no tolerance row matches {op}/{output}/{key}")  # the "*" row always does
+
+
+def _match(op_glob: str, output_glob: str, key_glob: str, op: str, output: str, key: str) -> bool:
+    return (
+        fnmatchcase(op, op_glob) and fnmatchcase(output, output_glob) and fnmatchcase(key, key_glob)
+    )

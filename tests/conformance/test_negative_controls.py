@@ -1,0 +1,124 @@
+"""Negative controls: a deliberately wrong platform must fail exactly where it is wrong.
+
+One run of `hwrun conformance --platform wrong` (tests/conformance/plugins/hwrun_wrong_platform.py)
+covers: an off-by-one top-k, a raising kernel (turned into KNOWN_FAILURE by an entry file), a
+base-2 LSE, a kernel that hangs on one case, one that SIGKILLs its process on one case, a
+batch-variant router that claims batch invariance, and a correct op that is not claimed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hwrun.cli import cli
+
+PLUGIN_DIR = Path(__file__).parent / "plugins"
+
+
+@pytest.fixture(scope="module")
+def wrong_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str]:
+    tmp = tmp_path_factory.mktemp("wrong")
+    known = tmp / "known.toml"
+    known.write_text(
+        '[[known_failure]]\nplatform = "wrong"\nop = "indexer.to_slots"\ncase = "*"\n'
+        'reason = "slot kernel not launched yet (tracking: hwrun#0)"\n'
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HWRUN_PLUGINS", "hwrun_wrong_platform")
+        mp.setenv("PYTHONPATH", f"{PLUGIN_DIR}:{__import__('os').environ.get('PYTHONPATH', '')}")
+        mp.syspath_prepend(str(PLUGIN_DIR))
+        result = CliRunner().invoke(
+            cli,
+            [
+                "conformance",
+                "--platform",
+                "wrong",
+                "--quick",
+                "--timeout",
+                "3",
+                "--report",
+                str(tmp / "report"),
+                "--known-failures",
+                str(known),
+            ],
+        )
+    rows = [
+        json.loads(line) for line in (tmp / "report" / "results.jsonl").read_text().splitlines()
+    ]
+    by_case = {(r["op"], r["case"]): r for r in rows}
+    return result.exit_code, by_case, result.output
+
+
+def _status(by_case: dict, op: str, case: str) -> str:
+    return by_case[(op, case)]["status"]
+
+
+def test_exit_code_is_one(wrong_run) -> None:
+    code, _, output = wrong_run
+    assert code == 1, output
+
+
+def test_off_by_one_topk_fails_accuracy_but_is_still_padding_and_batch_invariant(wrong_run) -> None:
+    _, by_case, _ = wrong_run
+    for name in ("random", "relu_ties", "short_rows", "inf_nan"):
+        row = by_case[("indexer.topk", name)]
+        assert row["status"] == "FAIL", row
+        assert row["metric"] == "indices:index_set"
+        assert _status(by_case, "indexer.topk", f"{name}.padding") == "PASS"
+        assert _status(by_case, "indexer.topk", f"{name}.batch") == "PASS"
+
+
+def test_raising_kernel_is_a_known_failure_with_its_reason(wrong_run) -> None:
+    _, by_case, _ = wrong_run
+    rows = [r for (op, _), r in by_case.items() if op == "indexer.to_slots"]
+    assert rows and all(r["status"] == "KNOWN_FAILURE" for r in rows)
+    assert "tracking: hwrun#0" in rows[0]["reason"]
+    assert "RuntimeError: kernel launch failed" in rows[0]["reason"]
+
+
+def test_log2_lse_fails_on_the_lse_output(wrong_run) -> None:
+    _, by_case, _ = wrong_run
+    for name in ("dcp2_fp32", "dcp4_bf16_h10", "far_lses"):
+        row = by_case[("attn.lse_combine", name)]
+        assert row["status"] == "FAIL" and row["metric"].startswith("lse:"), row
+        assert _status(by_case, "attn.lse_combine", f"{name}.padding") == "PASS"
+
+
+def test_hang_is_a_timeout_and_the_run_goes_on(wrong_run) -> None:
+    _, by_case, _ = wrong_run
+    assert _status(by_case, "kda.step", "decode") == "TIMEOUT"
+    assert _status(by_case, "kda.step", "decode.batch") == "TIMEOUT"
+    for name in ("no_state_gqa", "no_state_gqa.batch", "bf16_h6", "bf16_h6.batch"):
+        assert _status(by_case, "kda.step", name) == "PASS"
+
+
+def test_self_kill_is_a_crash_and_batch_variance_fails_the_claim(wrong_run) -> None:
+    _, by_case, _ = wrong_run
+    crash = by_case[("moe.route", "no_tokens")]
+    assert crash["status"] == "CRASH" and "SIGKILL" in crash["reason"]
+    for name in ("softmax_top2", "deepseek_grouped", "bf16_no_renorm"):
+        assert _status(by_case, "moe.route", name) == "PASS"
+        batch = by_case[("moe.route", f"{name}.batch")]
+        assert batch["status"] == "FAIL" and batch["metric"] == "batch_invariance", batch
+    assert by_case[("capabilities", "features:batch_invariant")]["status"] == "FAIL"
+
+
+def test_correct_op_passes_and_audit_reports_claims(wrong_run) -> None:
+    _, by_case, _ = wrong_run
+    chunk = [r for (op, _), r in by_case.items() if op == "kda.chunk"]
+    assert chunk and all(r["status"] == "PASS" for r in chunk)
+    unclaimed = by_case[("capabilities", "ops:kda.chunk")]
+    assert unclaimed["status"] == "PASS" and "not claimed" in unclaimed["reason"]
+    assert by_case[("capabilities", "ops:indexer.nonexistent")]["status"] == "FAIL"
+    assert by_case[("capabilities", "ops:indexer.topk")]["status"] == "FAIL"
+
+
+def test_report_rows_carry_the_required_fields(wrong_run) -> None:
+    _, by_case, _ = wrong_run
+    required = {"platform", "op", "case", "status", "metric", "value", "threshold", "seed", "impl"}
+    for row in by_case.values():
+        assert required <= set(row)
