@@ -7,10 +7,13 @@ returns a list of mismatch descriptions (empty: passed); run_all returns them by
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 
 from hwrun.collectives import dcp, tsp
-from hwrun.collectives.communicator import Communicator
+from hwrun.collectives.communicator import CollectiveError, Communicator
 from hwrun.ops import sparse_mla
 from hwrun.ops.topk import topk as reference_topk
 
@@ -207,3 +210,27 @@ def run_all(comm: Communicator) -> dict[str, object]:
         "tsp": check_tsp(comm),
         "gather_context": check_gather_context(comm),
     }
+
+
+def stall_then_merge(comm: Communicator, stalled_rank: int, stall_s: float) -> dict[str, object]:
+    """``stalled_rank`` enters the merge ``stall_s`` late; each rank says how its merge ended."""
+    scores = torch.randn(2, 64, generator=torch.Generator().manual_seed(comm.rank))
+    if comm.rank == stalled_rank:
+        time.sleep(stall_s)
+    start = time.monotonic()
+    try:
+        dcp.topk_merge(comm, scores, 8)
+    except CollectiveError as exc:
+        return {"error": str(exc), "elapsed_s": time.monotonic() - start}
+    return {"error": None, "elapsed_s": time.monotonic() - start}
+
+
+def die_before_merge(comm: Communicator, dying_rank: int) -> None:
+    """``dying_rank`` exits without a word; the others' merge must fail, saying how fast."""
+    if comm.rank == dying_rank:
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        dcp.topk_merge(comm, torch.randn(2, 64), 8)
+    except CollectiveError as exc:
+        raise CollectiveError(f"failed after {time.monotonic() - start:.2f} s: {exc}") from exc
