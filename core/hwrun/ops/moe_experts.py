@@ -1,0 +1,162 @@
+"""Reference of ``moe.experts``: the routed experts' SwiGLU MLPs over quantized weights.
+
+``out[t] = sum_j weights[t, j] * W2_e (silu(gate) * up)`` with ``e = ids[t, j]`` and
+``[gate | up] = W13_e x[t]``, plus the shared experts' MLP added with weight 1.
+
+Numerics (what a fused kernel must match): weights are decoded exactly by ``hwrun.formats``;
+both GEMM inputs (the token ``x`` and the intermediate ``silu(gate) * up``) are rounded to the
+activation format of ``activation_mode`` and decoded back; products and the sum over the top-k
+accumulate in fp32; the result is rounded once to ``x``'s dtype.
+
+- ``bf16``: activations rounded to bf16 (any weight format).
+- ``a8w4``: activations as fp8 e4m3, one fp32 scale per token per 128 values (DeepGEMM's and
+  AITER's per-token-group quantization); mxfp4 weights (the ROCm FP8-requant path's default).
+- ``a4w4``: activations as mxfp4 (FLOOR scale rule, one e8m0 scale per 32); mxfp4 weights.
+
+Shared experts always take bf16 activations: the checkpoints keep them out of the routed
+experts' quantization (ML4's MXFP4 checkpoint keeps them in their original precision).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hwrun.formats.fp8 import dequantize_fp8_groups, quantize_fp8_groups
+from hwrun.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from hwrun.ops.quantized_weight import QuantizedWeight
+
+# Mode -> (weight formats it runs on, multiple the GEMM input widths D and I must be).
+ACTIVATION_MODES: dict[str, tuple[tuple[str, ...] | None, int]] = {
+    "bf16": (None, 1),  # None: every weight format
+    "a8w4": (("mxfp4",), 128),
+    "a4w4": (("mxfp4",), 32),
+}
+
+
+def quantize_activation(a: torch.Tensor, mode: str) -> torch.Tensor:  # [T, N] -> [T, N] fp32
+    """``a`` rounded to the activation format of ``mode`` and decoded back to fp32."""
+    if mode == "bf16":
+        return a.to(torch.bfloat16).float()
+    if a.shape[0] == 0:
+        return a.float()
+    if mode == "a8w4":
+        return dequantize_fp8_groups(*quantize_fp8_groups(a.float(), group=128))
+    return dequantize_mxfp4(*quantize_mxfp4(a.float()))
+
+
+def _swiglu(
+    a: torch.Tensor,  # [T, D] fp32, already in the activation format
+    w13: torch.Tensor,  # [2I, D] fp32
+    w2: QuantizedWeight,  # [D, I]
+    mode: str,
+) -> torch.Tensor:  # [T, D] fp32
+    gate_up = a @ w13.T
+    gate, up = gate_up.chunk(2, dim=-1)
+    hidden = quantize_activation(F.silu(gate) * up, mode)
+    return hidden @ w2.dequantize().T
+
+
+def experts(
+    x: torch.Tensor,  # [T, D] bfloat16 (any float dtype; the output has the same)
+    w13: QuantizedWeight,  # [E, 2I, D], rows [0, I) gate, [I, 2I) up
+    w2: QuantizedWeight,  # [E, D, I]
+    ids: torch.Tensor,  # [T, k] int32/int64 expert ids; -1 = slot not served here (EP)
+    weights: torch.Tensor,  # [T, k] float32
+    activation_mode: str = "bf16",
+    shared_experts: tuple[QuantizedWeight, QuantizedWeight] | None = None,  # [2Is, D], [D, Is]
+) -> torch.Tensor:  # [T, D] x.dtype
+    """Routed experts weighted by ``weights``, plus the shared experts (see the module doc).
+
+    Only the experts some token chose are decoded, one at a time. An id of -1 contributes
+    nothing (a slot whose expert lives on another rank under expert parallelism).
+
+    :raises ValueError: a shape that disagrees with ``w13``/``w2``, an id out of range, an
+        unknown activation mode or one the weight format cannot run, naming what was expected.
+    """
+    _check_experts_args(x, w13, w2, ids, weights, activation_mode, shared_experts)
+    num_tokens, hidden = x.shape
+    out = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=x.device)
+    routed_input = quantize_activation(x, activation_mode)
+    ids = ids.long()
+    for expert in torch.unique(ids[ids >= 0]).tolist():
+        rows, slots = torch.nonzero(ids == expert, as_tuple=True)
+        w13_e = w13.expert(expert).dequantize()
+        y = _swiglu(routed_input[rows], w13_e, w2.expert(expert), activation_mode)
+        out.index_add_(0, rows, y * weights[rows, slots].float().unsqueeze(-1))
+    if shared_experts is not None:
+        shared_w13, shared_w2 = shared_experts
+        out += _swiglu(quantize_activation(x, "bf16"), shared_w13.dequantize(), shared_w2, "bf16")
+    return out.to(x.dtype)
+
+
+def _check_experts_args(
+    x: torch.Tensor,
+    w13: QuantizedWeight,
+    w2: QuantizedWeight,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    mode: str,
+    shared: tuple[QuantizedWeight, QuantizedWeight] | None,
+) -> None:
+    """Every reason the call cannot run, raised at once."""
+    if x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(
+            f"moe.experts: x must be a float tensor [T, D], got {x.dtype} {list(x.shape)}"
+        )
+    num_tokens, hidden = x.shape
+    problems = []
+    if len(w13.shape) != 3 or w13.shape[1] % 2 or w13.shape[2] != hidden:
+        problems.append(
+            f"w13 ({w13.name}) must be [E, 2I, D] with D = {hidden}, got {list(w13.shape)}"
+        )
+        num_experts, inter = None, None
+    else:
+        num_experts, inter = w13.shape[0], w13.shape[1] // 2
+        if w2.shape != (num_experts, hidden, inter):
+            problems.append(
+                f"w2 ({w2.name}) must be [E, D, I] = {[num_experts, hidden, inter]} to match "
+                f"w13 {list(w13.shape)} and x {list(x.shape)}, got {list(w2.shape)}"
+            )
+    if ids.dim() != 2 or ids.shape[0] != num_tokens or ids.is_floating_point():
+        problems.append(
+            f"ids must be an integer tensor [T, k] with T = {num_tokens}, got "
+            f"{ids.dtype} {list(ids.shape)}"
+        )
+    elif weights.shape != ids.shape or not weights.is_floating_point():
+        problems.append(
+            f"weights must be a float tensor [T, k] = {list(ids.shape)} like ids, "
+            f"got {weights.dtype} {list(weights.shape)}"
+        )
+    elif num_experts is not None and ids.numel() and (ids.min() < -1 or ids.max() >= num_experts):
+        problems.append(
+            f"ids must be in -1..E-1 = -1..{num_experts - 1}, got values from "
+            f"{int(ids.min())} to {int(ids.max())}"
+        )
+    if mode not in ACTIVATION_MODES:
+        problems.append(f"activation_mode must be one of {list(ACTIVATION_MODES)}, got {mode!r}")
+    else:
+        formats, multiple = ACTIVATION_MODES[mode]
+        for weight in (w13, w2):
+            if formats is not None and weight.format not in formats:
+                problems.append(
+                    f"activation_mode {mode!r} runs on {'/'.join(formats)} weights, but "
+                    f"{weight.name} is {weight.format}; requantize it (moe.requant) or use 'bf16'"
+                )
+        if inter is not None and (hidden % multiple or inter % multiple):
+            problems.append(
+                f"activation_mode {mode!r} quantizes groups of {multiple}: D = "
+                f"{hidden} and I = {inter} must be multiples of {multiple}"
+            )
+    if shared is not None:
+        shared_w13, shared_w2 = shared
+        ok = len(shared_w13.shape) == 2 and shared_w13.shape[0] % 2 == 0
+        ok = ok and shared_w13.shape[1] == hidden
+        if not ok or shared_w2.shape != (hidden, shared_w13.shape[0] // 2):
+            problems.append(
+                f"shared_experts must be (w13 [2Is, D], w2 [D, Is]) with D = {hidden}, got "
+                f"{list(shared_w13.shape)} ({shared_w13.name}) and {list(shared_w2.shape)} "
+                f"({shared_w2.name})"
+            )
+    if problems:
+        raise ValueError("moe.experts: " + "; ".join(problems))
