@@ -30,6 +30,14 @@ def test_json_has_the_documented_keys_and_seed_figures():
     }
     assert report["block_size"] == 64 and report["row_bytes"] == 64 * 16992
     assert report["padding_fraction"] == 0.0
+    pages = report["pages"]
+    assert len(pages) == 48 and pages[1] == {
+        "layer": 3,
+        "kind": "index_keys",
+        "format": "fp8",
+        "offset": 64 * 576,
+        "size": 64 * 132,
+    }
     assert "tokens_per_gpu" not in report and "concurrent_requests" not in report
 
 

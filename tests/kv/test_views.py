@@ -10,6 +10,7 @@ from hwrun.kv.specs import IndexKeySpec, KDAStateSpec, LatentSpec, LayerSpec, Mo
 from hwrun.kv.views import (
     allocate_cache,
     index_key_view,
+    kda_state_views,
     kernel_id_reasons,
     kernel_page_pool,
     latent_view,
@@ -136,3 +137,32 @@ def test_kernel_page_ids_fit_int32_until_they_do_not():
     layout = plan_packed_layout(get_model("kimi-k3.1-pro"), tp=8)
     assert kernel_id_reasons(layout, 47_500) == []  # the seed's 51.7 GB pool per GPU
     assert "past int32" in kernel_id_reasons(layout, 600_000)[0]
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from([8, 32, 64, 256]), st.sampled_from([1, 2]), st.integers(1, 9))
+def test_kda_states_fill_their_rows_without_overlap(kda_k, tp, num_kda):
+    kda = KDAStateSpec(heads=2, key_dim=kda_k, value_dim=32)
+    layers = [LayerSpec(0, latent=LatentSpec("fp8_e4m3"), indexer=IndexKeySpec("fp8", heads=4))]
+    layers += [LayerSpec(1 + i, kda=kda) for i in range(num_kda)]
+    layout = plan_packed_layout(ModelSpec("kda", tuple(layers)), tp)
+    state_rows = [5, 1, 3, 0, 2, 4, 6, 7, 8][: layout.state_rows_per_request]
+    cache = allocate_cache(layout, 9)
+    for ordinal in range(num_kda):
+        recurrent, conv = kda_state_views(cache, layout, state_rows, ordinal, kda)
+        assert recurrent.shape == (2 // tp, kda_k, 32) and recurrent.dtype == torch.float32
+        assert conv.shape == ((2 * kda_k + 32) * 2 // tp, 3) and conv.dtype == torch.bfloat16
+        before = cache.clone()
+        recurrent.fill_(float(ordinal + 1))
+        conv.fill_(-1.0)
+        changed = (cache != before).view(-1).nonzero().flatten()
+        # everything written lies in this state's slot of its row, and nothing else moved
+        row, offset = layout.kda_state_offset(ordinal)
+        start = layout.block_byte_range(state_rows[row])[0] + offset
+        assert changed.min() >= start and changed.max() < start + layout.kda_state_stride
+        assert offset + layout.kda_state_stride <= layout.row_bytes
+    for ordinal in range(num_kda):  # no later state overwrote an earlier one
+        recurrent, _ = kda_state_views(cache, layout, state_rows, ordinal, kda)
+        assert (recurrent == ordinal + 1).all()
+    with pytest.raises(ValueError, match="state rows were given"):
+        kda_state_views(cache, layout, [], 0, kda)

@@ -103,7 +103,16 @@ def plan_report(model: Any, tp: int, dcp: int, budget: int | None, context: int 
         "padding_bytes": layout.padding_bytes,
         "padding_fraction": layout.padding_fraction,
         "state_rows_per_request": layout.state_rows_per_request,
-        "pages": len(layout.pages),
+        "pages": [
+            {
+                "layer": p.layer,
+                "kind": p.kind,
+                "format": p.format,
+                "offset": p.offset,
+                "size": p.size,
+            }
+            for p in layout.pages
+        ],
         "assumptions": list(model.assumptions),
     }
     if context is not None:
@@ -150,6 +159,7 @@ def _print_table(report: dict[str, Any]) -> None:
         ("row bytes", report["row_bytes"]),
         ("padding", f"{report['padding_bytes']} B ({report['padding_fraction']:.3%})"),
         ("state rows per request", report["state_rows_per_request"]),
+        ("pages per row", len(report["pages"])),
     ]
     for key, label, fmt in (
         ("decode_read_fraction_vs_dense_mla", "decode bytes read vs dense MLA", "{:.1%}"),
@@ -191,7 +201,12 @@ def _print_table(report: dict[str, Any]) -> None:
     "--context", type=SizeType("N", binary_tokens=True), help="Context length (1M = 2**20)."
 )
 @click.option("--block-size", type=int, help="Force a block size (a power of two).")
-@click.option("--kernel-block-size", default=DEFAULT_KERNEL_BLOCK_SIZE, show_default=True)
+@click.option(
+    "--kernel-block-size",
+    default=DEFAULT_KERNEL_BLOCK_SIZE,
+    show_default=True,
+    help="Tokens per page the kernels read.",
+)
 @click.option("--alignment", default=DEFAULT_ALIGNMENT, show_default=True, help="Page alignment.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def plan(

@@ -20,8 +20,10 @@ from __future__ import annotations
 import torch
 
 from hwrun.kv.layout import INDEX_KEYS, LATENT, PackedLayout, Page
+from hwrun.kv.specs import KDAStateSpec
 
 INT32_MAX = 2**31 - 1
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def allocate_cache(layout: PackedLayout, num_blocks: int, device: str | torch.device = "cpu"):
@@ -166,3 +168,43 @@ def page_bytes(cache: torch.Tensor, layout: PackedLayout, block: int, page: Page
     """The raw bytes of one (block, page): uint8 ``[page.size]``, a view into ``cache``."""
     start, _ = layout.block_byte_range(block)
     return cache.view(-1)[start + page.offset : start + page.end]
+
+
+def kda_state_views(
+    cache: torch.Tensor,
+    layout: PackedLayout,
+    state_rows: list[int],  # the packed rows holding one request's state, in order
+    ordinal: int,  # which KDA layer of the model (0 = the first KDA layer)
+    spec: KDAStateSpec,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request's state of one KDA layer, as views into its state row.
+
+    Returns the recurrent state ``[HV/tp, K, V]`` in ``spec.state_dtype`` (what ``kda.step``
+    updates in place) and the short-convolution state ``[(2K + V) * H/tp, conv_kernel - 1]`` in
+    ``spec.conv_dtype`` (q, k, v channels in that order), packed right after it.
+    """
+    _check_cache(cache, layout)
+    row_ordinal, offset = layout.kda_state_offset(ordinal)
+    if row_ordinal >= len(state_rows):
+        raise ValueError(
+            f"KDA layer {ordinal} lives in state row {row_ordinal}, but only {len(state_rows)} "
+            f"state rows were given (a request takes {layout.state_rows_per_request})"
+        )
+    heads = spec.heads // layout.tp
+    start = layout.block_byte_range(state_rows[row_ordinal])[0] + offset
+    flat = cache.view(-1)
+    state_dtype, conv_dtype = TORCH_DTYPES[spec.state_dtype], TORCH_DTYPES[spec.conv_dtype]
+    recurrent_bytes = heads * spec.key_dim * spec.value_dim * state_dtype.itemsize
+    channels = heads * (2 * spec.key_dim + spec.value_dim)
+    conv_bytes = channels * (spec.conv_kernel - 1) * conv_dtype.itemsize
+    if recurrent_bytes + conv_bytes > layout.kda_state_stride:
+        raise ValueError(
+            f"a KDA state of {recurrent_bytes + conv_bytes} B does not fit the layout's "
+            f"{layout.kda_state_stride} B slots: plan the layout with this spec's model"
+        )
+    recurrent = flat[start : start + recurrent_bytes].view(state_dtype)
+    conv = flat[start + recurrent_bytes : start + recurrent_bytes + conv_bytes].view(conv_dtype)
+    return (
+        recurrent.view(heads, spec.key_dim, spec.value_dim),
+        conv.view(channels, spec.conv_kernel - 1),
+    )
