@@ -177,3 +177,12 @@ def test_paged_bad_input():
         indexer.next_n_context_lens(torch.tensor([1, 5], dtype=torch.int32), 2)
     with pytest.raises(ValueError, match="next_n must be a positive int"):
         indexer.next_n_context_lens(torch.tensor([1], dtype=torch.int32), 0)
+
+
+def test_ragged_call_without_keys():
+    elements, scales = torch.zeros(0, 64, dtype=torch.uint8), torch.zeros(0, 4, dtype=torch.uint8)
+    zeros = torch.zeros(2, dtype=torch.int32)
+    out = indexer.logits_ragged(
+        torch.ones(2, 3, 128), torch.ones(2, 3), elements, scales, "mxfp4", zeros, zeros
+    )
+    assert out.shape == (2, 0)

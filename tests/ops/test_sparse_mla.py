@@ -191,3 +191,10 @@ def test_decode_bad_input():
         sparse_mla.decode(q[0], cache, "fp8_ds_mla", slots, 0.1)
     with pytest.raises(ValueError, match="topk_length must be int32 \\[B=1, s=1\\]"):
         sparse_mla.decode(q, cache, "fp8_ds_mla", slots, 0.1, torch.tensor([1]))
+
+
+def test_decode_of_a_batch_with_no_valid_slot_at_all():
+    cache = torch.zeros(2, 4, 656, dtype=torch.uint8)
+    q = _randn(2, 1, 3, 576, seed=11)
+    out, lse = sparse_mla.decode(q, cache, "fp8_ds_mla", torch.full((2, 1, 5), -1), 0.1)
+    assert torch.equal(out, torch.zeros_like(out)) and bool((lse == -INF).all())

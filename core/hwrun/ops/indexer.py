@@ -129,8 +129,10 @@ def logits_ragged(
         raise ValueError(
             f"every row needs 0 <= ks <= ke <= N={num_keys}; got ks={starts}, ke={ends}"
         )
-    keys = key_format.decode(key_elements, key_scales)  # [N, D] float32, row by row
     out = torch.full((rows, num_keys), float("-inf"), dtype=torch.float32, device=q.device)
+    if num_keys == 0:
+        return out
+    keys = key_format.decode(key_elements, key_scales)  # [N, D] float32, row by row
     qf, wf = q.float(), weights
     for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
         if e > s:

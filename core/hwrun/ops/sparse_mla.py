@@ -147,8 +147,10 @@ def decode(
     valid = _valid_mask(flat_slots, lengths, num_blocks * block_size, "slots")
     wanted = flat_slots[valid]
     # Decode each referenced row once; decoding is row by row, so batch-invariant.
-    rows_bytes = cache[wanted // block_size, wanted % block_size]
-    kv_rows = latent.decode(rows_bytes, latent_scale)
+    if wanted.numel():
+        kv_rows = latent.decode(cache[wanted // block_size, wanted % block_size], latent_scale)
+    else:  # nothing to attend to anywhere in the batch
+        kv_rows = torch.zeros(0, QK_DIM, dtype=torch.float32, device=q.device)
     entry_of = torch.zeros_like(flat_slots)
     entry_of[valid] = torch.arange(wanted.numel(), device=slots.device)
     out, lse = _run_rows(
