@@ -94,6 +94,14 @@ def test_kimi_linear_fixture_reads_one_indexed_layers():
     assert kda.bytes_per_request(tp=2) == (2 * 64 * 64 * 4) + (2 * 64 * 3 * 3 * 2)
 
 
+def test_kimi_k3_data_matches_its_config_json():
+    from_config = load_hf_config(FIXTURES / "kimi_k3_config.json").with_formats(latent="fp8_e4m3")
+    data = get_model("kimi-k3")
+    assert [x.kda for x in from_config.layers] == [x.kda for x in data.layers]
+    assert [x.latent for x in from_config.layers] == [x.latent for x in data.layers]
+    assert footprint(from_config, tp=8).bytes_per_token == 13824
+
+
 def test_text_config_of_a_multimodal_wrapper_is_read():
     inner = json.loads((FIXTURES / "deepseek_v32_tiny.json").read_text())
     model = spec_from_hf_config({"model_type": "some_vlm", "text_config": inner})

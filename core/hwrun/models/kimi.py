@@ -10,22 +10,25 @@ from __future__ import annotations
 from hwrun.kv.specs import IndexKeySpec, KDAStateSpec, LatentSpec, LayerSpec, ModelSpec
 
 NUM_LAYERS = 93
-# Kimi Linear's pattern (3 KDA : 1 MLA, the last layer full attention), which gives the seed's
-# 24 full-attention layers out of 93: 1-indexed 4, 8, ..., 92 and 93.
+# Kimi K3's public config.json (text_config.linear_attn_config, 1-indexed): full attention at
+# 4, 8, ..., 92 and 93; the other 69 layers are KDA. 0-indexed here.
 FULL_ATTENTION_LAYERS = (*range(3, NUM_LAYERS - 1, 4), NUM_LAYERS - 1)
 
-# Not in the seed: KDA shape. Assumed like Kimi Linear (head_dim 128, K = V, fp32 recurrent state,
-# short convolutions of kernel 4 in bf16) with as many KDA heads as K3's 96 attention heads.
+# KDA shape from the same config: num_heads 96, head_dim 128, short_conv_kernel_size 4. The state
+# dtypes are vLLM's (fp32 recurrent state, conv states in the bf16 model dtype).
 KDA = KDAStateSpec(heads=96, key_dim=128, value_dim=128)
 
 ASSUMPTIONS = (
-    "full-attention layers are 0-indexed 3, 7, ..., 91 and 92 (Kimi Linear's 3:1 pattern with a "
-    "full last layer; the seed gives only the counts 69 KDA + 24 full)",
-    "KDA: 96 heads, K = V = 128, fp32 recurrent state, conv kernel 4 in bf16 (not in the seed)",
+    "layer positions and KDA shape (96 heads x 128, conv kernel 4) from Kimi K3's public "
+    "config.json; K3.1 Pro is taken to keep them (the seed: same architecture plus indexers)",
+    "KDA state dtypes: fp32 recurrent state, bf16 conv states (vLLM's choice; not in the seed)",
     "the MLA latent keeps its 64 RoPE dims in the row although the layers are NoPE (576 B in "
     "e4m3, as the seed's 13,824 = 24 x 576 requires)",
 )
-SOURCE = "seed 000_91e7445d181bbb09 (vLLM day-0 support for Kimi K3.1 Pro)"
+SOURCE = (
+    "seed 000_91e7445d181bbb09 (vLLM day-0 support for Kimi K3.1 Pro) and Kimi K3's public "
+    "config.json (tests/models/fixtures/kimi_k3_config.json holds the keys used)"
+)
 
 
 def _build(name: str, indexer: IndexKeySpec | None, latent_format: str) -> ModelSpec:
