@@ -76,6 +76,12 @@ def test_budget_and_context_give_pool_and_concurrency():
     assert report["context"] == 2**20
     assert report["concurrent_requests"] == report["num_blocks"] // report["rows_per_request"]
     assert 0.22 < report["decode_read_fraction_vs_dense_mla"] < 0.24
+    assert report["warnings"] == []
+
+
+def test_int32_kernel_page_ids_warn_on_huge_pools():
+    report = plan_json("--model", "deepseek-v3.2", "--tp", "8", "--gpu-mem", "1TiB")
+    assert "past int32" in report["warnings"][0]
 
 
 def test_index_format_option_and_config_path():

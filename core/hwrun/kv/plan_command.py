@@ -14,10 +14,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from hwrun.kv.capacity import kv_budget, plan_capacity, rows_per_request
+from hwrun.kv.capacity import decode_read_fraction, kv_budget, plan_capacity, rows_per_request
 from hwrun.kv.errors import PlanError
 from hwrun.kv.layout import DEFAULT_ALIGNMENT, DEFAULT_KERNEL_BLOCK_SIZE, plan_packed_layout
-from hwrun.kv.specs import index_key_format_names, latent_format_names
+from hwrun.kv.specs import ModelSpec, index_key_format_names, latent_format_names
+from hwrun.kv.views import kernel_id_reasons
 
 _UNITS = {
     "": 1,
@@ -62,7 +63,7 @@ class SizeType(click.ParamType):
         return size
 
 
-def _model(name: str) -> Any:
+def _model(name: str) -> ModelSpec:
     from hwrun.models import ConfigError, UnknownModelError, get_model
 
     try:
@@ -71,11 +72,19 @@ def _model(name: str) -> Any:
         raise click.BadParameter(str(err), param_hint="--model") from None
 
 
-def plan_report(model: Any, tp: int, dcp: int, budget: int | None, context: int | None, **kw):
-    """The JSON-able plan of ``model``; PlanError / ValueError when it cannot be planned."""
-    from hwrun.kv.capacity import decode_read_fraction
+def plan_report(
+    model: ModelSpec,
+    tp: int,
+    dcp: int,
+    budget: int | None,
+    context: int | None,
+    **layout_options: int | None,
+) -> dict[str, Any]:
+    """The JSON-able plan of ``model``; PlanError / ValueError when it cannot be planned.
 
-    layout = plan_packed_layout(model, tp, dcp, **kw)
+    ``layout_options`` go to plan_packed_layout (kernel_block_size, alignment, block_size).
+    """
+    layout = plan_packed_layout(model, tp, dcp, **layout_options)
     fp = layout.footprint
     latent = sorted({x.latent.format for x in model.layers if x.owns_latent})
     index = sorted({x.indexer.format for x in model.layers if x.owns_index_keys})
@@ -125,6 +134,7 @@ def plan_report(model: Any, tp: int, dcp: int, budget: int | None, context: int 
         report["num_blocks"] = cap.num_blocks
         report["tokens_per_gpu"] = cap.tokens_per_gpu
         report["tokens_per_cluster"] = cap.tokens_per_cluster
+        report["warnings"] = kernel_id_reasons(layout, cap.num_blocks)
         if context is not None:
             report["concurrent_requests"] = cap.concurrent_requests
             report["context_fills"] = cap.context_fills
@@ -178,6 +188,8 @@ def _print_table(report: dict[str, Any]) -> None:
     console.print(table)
     for assumption in report["assumptions"]:
         console.print(f"assumed: {assumption}")
+    for warning in report.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {warning}")
 
 
 @click.command("plan")
