@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hwrun.formats.latent import LATENT_FORMATS
 from hwrun.ops import kv_write, sparse_mla
@@ -198,3 +200,39 @@ def test_decode_of_a_batch_with_no_valid_slot_at_all():
     q = _randn(2, 1, 3, 576, seed=11)
     out, lse = sparse_mla.decode(q, cache, "fp8_ds_mla", torch.full((2, 1, 5), -1), 0.1)
     assert torch.equal(out, torch.zeros_like(out)) and bool((lse == -INF).all())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    tokens=st.integers(1, 4),
+    heads=st.integers(1, 9),
+    width=st.integers(1, 12),
+    workspace=st.integers(1, 30),
+    use_length=st.booleans(),
+    use_sink=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_prefill_matches_the_float64_formula(
+    tokens, heads, width, workspace, use_length, use_sink, seed
+):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(tokens, heads, 576, generator=gen)
+    kv = torch.randn(workspace, 576, generator=gen)
+    idx = torch.randint(-1, workspace, (tokens, width), generator=gen).int()
+    length = torch.randint(0, width + 1, (tokens,), generator=gen).int() if use_length else None
+    sink = torch.randn(heads, generator=gen) if use_sink else None
+    out, lse = sparse_mla.prefill(q, kv, idx, 0.05, length, sink)
+    for t in range(tokens):
+        valid = idx[t] >= 0
+        if length is not None:
+            valid &= torch.arange(width) < length[t]
+        keys = kv[idx[t][valid].long()].double()
+        if keys.shape[0] == 0:
+            assert torch.equal(out[t], torch.zeros_like(out[t])) and bool((lse[t] == -INF).all())
+            continue
+        s = q[t].double() @ keys.T * 0.05
+        ref_lse = s.logsumexp(-1)
+        denom = ref_lse.exp() + (sink.double().exp() if sink is not None else 0.0)
+        ref = s.exp() @ keys[:, :512] / denom[:, None]
+        torch.testing.assert_close(lse[t].double(), ref_lse, rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(out[t].double(), ref, rtol=1e-5, atol=1e-5)
