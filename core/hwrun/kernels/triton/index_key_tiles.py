@@ -37,9 +37,9 @@ def load_query_fp8_keys(
     """Queries as the [128, M] right-hand operand for fp8 keys."""
     d = tl.arange(0, D)
     qt = tl.load(q_ptr + m_offs[None, :] * D + d[:, None], mask=m_mask[None, :], other=0.0)
-    if Q_FP8:
-        return qt
-    return qt.to(WIDE)
+    if not Q_FP8:
+        qt = qt.to(WIDE)
+    return qt
 
 
 @triton.jit
@@ -49,9 +49,9 @@ def load_query_group(
     """Queries of one 32-wide mxfp4 group as a [32, M] right-hand operand."""
     d = g * 32 + tl.arange(0, 32)
     qt = tl.load(q_ptr + m_offs[None, :] * D + d[:, None], mask=m_mask[None, :], other=0.0)
-    if Q_FP8:
-        return qt
-    return qt.to(WIDE)
+    if not Q_FP8:
+        qt = qt.to(WIDE)
+    return qt
 
 
 @triton.jit

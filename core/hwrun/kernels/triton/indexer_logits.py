@@ -77,27 +77,29 @@ def _paged_logits_kernel(
     longest = tl.max(lens, 0)
     tok = tl.arange(0, BLOCK_SIZE)
     out_rows = out_ptr + (b * NEXT_N + rows) * out_stride
-    for j in range(split, num_ctx_blocks, SPLITS):
+    # Blocks holding keys of some row: no branch inside the loop, so loads are pipelined.
+    key_blocks = tl.cdiv(longest, BLOCK_SIZE)
+    for j in range(split, key_blocks, SPLITS):
         pos = j * BLOCK_SIZE + tok
-        in_row = pos[:, None] < lens[None, :]  # [BLOCK_SIZE, NP]
-        store_mask = (pos[:, None] < max_ctx) & row_ok[None, :]
-        if j * BLOCK_SIZE < longest:
-            blk = tl.load(table_ptr + b * table_stride + j).to(tl.int64)
-            page = cache_ptr + blk * cache_block_stride
-            n_mask = pos < longest
-            elem_rows = page + tok * ELEM_BYTES
-            scale_rows = page + BLOCK_SIZE * ELEM_BYTES + tok * 4
-            if FMT == 0:
-                scores = fp8_key_scores(elem_rows, scale_rows, n_mask, qt, Q_FP8, WIDE)
-            else:
-                scores = mxfp4_key_scores(
-                    elem_rows, scale_rows, n_mask, q0, q1, q2, q3, Q_FP8, WIDE
-                )
-            logits = weighted_relu_sum(scores, w, NP, HP)
-            logits = tl.where(in_row, logits, float("-inf"))
+        blk = tl.load(table_ptr + b * table_stride + j).to(tl.int64)
+        page = cache_ptr + blk * cache_block_stride
+        n_mask = pos < longest
+        elem_rows = page + tok * ELEM_BYTES
+        scale_rows = page + BLOCK_SIZE * ELEM_BYTES + tok * 4
+        if FMT == 0:
+            scores = fp8_key_scores(elem_rows, scale_rows, n_mask, qt, Q_FP8, WIDE)
         else:
-            logits = tl.full((BLOCK_SIZE, NP), float("-inf"), tl.float32)
+            scores = mxfp4_key_scores(elem_rows, scale_rows, n_mask, q0, q1, q2, q3, Q_FP8, WIDE)
+        logits = weighted_relu_sum(scores, w, NP, HP)
+        logits = tl.where(pos[:, None] < lens[None, :], logits, float("-inf"))
+        store_mask = (pos[:, None] < max_ctx) & row_ok[None, :]
         tl.store(out_rows[None, :] + pos[:, None], logits, mask=store_mask)
+    # The rest of the row (past the request's longest row) is only -inf.
+    neg_inf = tl.full((BLOCK_SIZE, NP), float("-inf"), tl.float32)
+    for j in range(key_blocks + split, num_ctx_blocks, SPLITS):
+        pos = j * BLOCK_SIZE + tok
+        store_mask = (pos[:, None] < max_ctx) & row_ok[None, :]
+        tl.store(out_rows[None, :] + pos[:, None], neg_inf, mask=store_mask)
 
 
 def _check_common(q: torch.Tensor, weights: torch.Tensor, fmt: str, rows: int, op: str) -> int:

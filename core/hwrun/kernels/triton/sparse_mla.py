@@ -22,7 +22,7 @@ from hwrun.kernels.triton.lse_combine import combine_parts
 
 LATENT_ROW_BYTES = {"bf16": 1152, "fp8_ds_mla": 656}
 _LOG2E = 1.4426950408889634
-LN2: tl.constexpr = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -131,12 +131,14 @@ def _sparse_mla_decode_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
         # V group g is NoPE group g: its scale goes into P.
-        if v0 == 0:
+        if V_PARTS == 4:
             acc0 = acc0 * alpha[:, None] + tl.dot((p * s0[None, :]).to(WIDE), k0)
             acc1 = acc1 * alpha[:, None] + tl.dot((p * s1[None, :]).to(WIDE), k1)
-            if V_PARTS == 4:
-                acc2 = acc2 * alpha[:, None] + tl.dot((p * s2[None, :]).to(WIDE), k2)
-                acc3 = acc3 * alpha[:, None] + tl.dot((p * s3[None, :]).to(WIDE), k3)
+            acc2 = acc2 * alpha[:, None] + tl.dot((p * s2[None, :]).to(WIDE), k2)
+            acc3 = acc3 * alpha[:, None] + tl.dot((p * s3[None, :]).to(WIDE), k3)
+        elif v0 == 0:
+            acc0 = acc0 * alpha[:, None] + tl.dot((p * s0[None, :]).to(WIDE), k0)
+            acc1 = acc1 * alpha[:, None] + tl.dot((p * s1[None, :]).to(WIDE), k1)
         else:
             acc0 = acc0 * alpha[:, None] + tl.dot((p * s2[None, :]).to(WIDE), k2)
             acc1 = acc1 * alpha[:, None] + tl.dot((p * s3[None, :]).to(WIDE), k3)

@@ -48,6 +48,9 @@ def _topk_kernel(
     start = tl.load(starts_ptr + row)
     end = tl.load(ends_ptr + row)
     length = end - start
+    # Chunks start on a 16-element boundary and loads are masked only by the row end L (reads
+    # outside the window stay inside the row), so that loads are 16-byte vectors.
+    first = (start // 16) * 16
     row_ptr = logits_ptr + row * row_stride
     out_row = out_ptr + row * k
     NB: tl.constexpr = 1 << BITS
@@ -67,10 +70,10 @@ def _topk_kernel(
         searching = True
         while searching:
             hist = tl.zeros((NB,), dtype=tl.int32)
-            for o in range(0, L, BLOCK):
-                idx = start + o + offs
-                valid = idx < end
-                key = _sortable_key(tl.load(row_ptr + idx, mask=valid, other=0.0))
+            for o in range(first, L, BLOCK):
+                idx = tl.multiple_of(o, 16) + offs
+                valid = (idx >= start) & (idx < end)
+                key = _sortable_key(tl.load(row_ptr + idx, mask=idx < L, other=0.0))
                 match = valid & ((key & hmask) == prefix)
                 digit = ((key >> shift) & (NB - 1)).to(tl.int32)
                 hist += tl.histogram(digit, NB, mask=match)
@@ -91,10 +94,10 @@ def _topk_kernel(
         n_above = 0
         n_equal = 0
         base_eq = k - remaining
-        for o in range(0, L, BLOCK):
-            idx = start + o + offs
-            valid = idx < end
-            key = _sortable_key(tl.load(row_ptr + idx, mask=valid, other=0.0))
+        for o in range(first, L, BLOCK):
+            idx = tl.multiple_of(o, 16) + offs
+            valid = (idx >= start) & (idx < end)
+            key = _sortable_key(tl.load(row_ptr + idx, mask=idx < L, other=0.0))
             hi = key & hmask
             is_above = valid & (hi > prefix)
             is_equal = valid & (hi == prefix)

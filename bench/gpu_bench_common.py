@@ -1,0 +1,111 @@
+"""Shared pieces of the GPU benchmarks: timing, measured ceilings, input builders, table rows.
+
+Times are medians of ``triton.testing.do_bench`` (CUDA events, L2 flushed before every run).
+Ceilings are measured in the same process: a device-to-device copy (bytes read + written per
+second) and a large bf16 matrix product (FLOP/s); "% roof" is the time the op's unavoidable
+bytes (or FLOPs, when larger) would take at those rates over the measured time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import triton
+
+from hwrun.formats.index_keys import get_index_key_format
+from hwrun.formats.latent import get_latent_format
+
+
+def bench(fn, warmup: int = 25, rep: int = 100) -> float:
+    """Median time of ``fn()`` in microseconds."""
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
+
+
+@dataclass
+class Ceilings:
+    copy_bytes_per_s: float
+    bf16_flops_per_s: float
+
+    def floor_us(self, nbytes: float, flops: float = 0.0) -> float:
+        return max(nbytes / self.copy_bytes_per_s, flops / self.bf16_flops_per_s) * 1e6
+
+
+def measure_ceilings() -> Ceilings:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    copy_us = bench(lambda: dst.copy_(src))
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm_us = bench(lambda: a @ b)
+    return Ceilings(2 * src.numel() / (copy_us * 1e-6), 2 * 8192**3 / (mm_us * 1e-6))
+
+
+@dataclass
+class Row:
+    op: str
+    shape: str
+    impl: str
+    us: float
+    floor_us: float
+    peers: dict[str, float] = field(default_factory=dict)  # peer name -> us
+    note: str = ""
+
+    def cells(self) -> list[str]:
+        ratios = ", ".join(f"{self.us / t:.2f}x {name}" for name, t in self.peers.items())
+        peer_times = ", ".join(f"{name} {t:.1f}" for name, t in self.peers.items())
+        roof = 100.0 * self.floor_us / self.us if self.us > 0 else float("nan")
+        return [
+            self.op,
+            self.shape,
+            self.impl,
+            f"{self.us:.1f}",
+            peer_times or "-",
+            ratios or "-",
+            f"{roof:.0f}%",
+            self.note,
+        ]
+
+
+HEADER = ["op", "shape", "impl", "us", "peers (us)", "impl / peer", "% roof", "note"]
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def index_cache(fmt: str, batch: int, ctx: int, block_size: int = 64, seed: int = 0):
+    """A paged index-key cache holding ``batch`` requests of ``ctx`` random keys each, with the
+    requests' blocks shuffled through the cache. Returns (cache, block_table)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    key_format = get_index_key_format(fmt)
+    blocks_per_req = math.ceil(ctx / block_size)
+    num_blocks = batch * blocks_per_req
+    cache = torch.empty(
+        num_blocks, block_size * key_format.bytes_per_token, dtype=torch.uint8, device="cuda"
+    )
+    chunk = 4096  # encode in chunks: the reference codec is not memory-lean
+    for start in range(0, num_blocks, chunk):
+        n = min(chunk, num_blocks - start)
+        keys = torch.randn(n * block_size, 128, device="cuda", generator=g)
+        elements, scales = key_format.encode(keys)
+        cache[start : start + n, : block_size * key_format.element_bytes] = elements.reshape(n, -1)
+        cache[start : start + n, block_size * key_format.element_bytes :] = scales.reshape(n, -1)
+    perm = torch.randperm(num_blocks, device="cuda", generator=g).to(torch.int32)
+    return cache, perm.reshape(batch, blocks_per_req)
+
+
+def latent_cache(fmt: str, num_tokens: int, block_size: int = 64, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    latent = get_latent_format(fmt)
+    rows = torch.empty(num_tokens, latent.row_bytes, dtype=torch.uint8, device="cuda")
+    for start in range(0, num_tokens, 65536):
+        n = min(65536, num_tokens - start)
+        rows[start : start + n] = latent.encode(
+            torch.randn(n, 512, device="cuda", generator=g),
+            torch.randn(n, 64, device="cuda", generator=g),
+        )
+    return rows.reshape(num_tokens // block_size, block_size, latent.row_bytes)

@@ -1,0 +1,371 @@
+"""GPU benchmark of the Triton tier against its peers.
+
+Usage: ``python bench/gpu_ops.py [--tune] [--out DIR] [--only SECTIONS]``.
+
+Prints one table (markdown) of every op and shape: hwrun's time, the peers' times (torch
+reference where it is affordable, DeepGEMM, FlashMLA, torch.topk), the ratios and the percent
+of the measured roofline. ``--tune`` first times a small grid of launch configurations per
+kernel and reports them (the defaults in the kernels come from such a run).
+Run from the repository root with ``PYTHONPATH=core:plugins/nvidia``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from gpu_bench_common import (
+    Row,
+    bench,
+    index_cache,
+    latent_cache,
+    markdown,
+    measure_ceilings,
+)
+
+from hwrun.kernels.triton import indexer_logits, kv_write, lse_combine, sparse_mla, topk
+from hwrun.ops import attn as ref_attn
+from hwrun.ops import indexer as ref_indexer
+from hwrun.ops import kv_write as ref_kv
+
+HAS_DEEPGEMM = importlib.util.find_spec("deep_gemm") is not None
+HAS_FLASHMLA = importlib.util.find_spec("flash_mla") is not None
+
+
+def _tune(name, run, configs, log):
+    """Time ``run(**cfg)`` for each config; return the best config."""
+    best = None
+    for cfg in configs:
+        try:
+            us = bench(lambda cfg=cfg: run(**cfg), warmup=10, rep=40)
+        except Exception as exc:  # a config the compiler refuses (shared memory, registers)
+            log.append(f"{name} {cfg}: failed {type(exc).__name__}: {str(exc)[:120]}")
+            continue
+        log.append(f"{name} {cfg}: {us:.1f} us")
+        if best is None or us < best[1]:
+            best = (cfg, us)
+    log.append(f"{name} best {best}")
+    print(log[-1], flush=True)
+    return best[0] if best else {}
+
+
+def indexer_rows(ceil, tune, log):
+    rows = []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for batch, ctx in ((64, 131072), (1, 131072)):
+        heads = 64
+        q_bf16 = torch.randn(batch, 1, heads, 128, device="cuda")
+        q = q_bf16.to(torch.float8_e4m3fn)
+        w = torch.rand(batch, heads, device="cuda") / heads
+        lens = torch.full((batch, 1), ctx, dtype=torch.int32, device="cuda")
+        dg_us = None
+        for fmt in ("fp8", "mxfp4"):
+            cache, table = index_cache(fmt, batch, ctx)
+            bpt = get_bpt(fmt)
+            nbytes = batch * ctx * (bpt + 4)  # keys read + logits written
+
+            def run(fmt=fmt, cache=cache, table=table, q=q, w=w, lens=lens, ctx=ctx, **cfg):
+                return indexer_logits.logits_paged(q, w, cache, fmt, table, lens, ctx, **cfg)
+
+            cfg = {}
+            if tune and batch > 1:
+                grid = [
+                    {"splits": max(1, s * sms // batch), "num_warps": nw, "num_stages": st}
+                    for s in (2, 8)
+                    for nw in (4, 8)
+                    for st in (2, 4)
+                ]
+                cfg = _tune(f"logits_paged {fmt} B={batch}", run, grid, log)
+            us = bench(lambda run=run, cfg=cfg: run(**cfg))
+            peers = {}
+            if fmt == "fp8" and HAS_DEEPGEMM:
+                dg_us = deepgemm_paged_us(q, w, cache, table, lens, ctx)
+            if dg_us is not None:
+                peers["DeepGEMM fp8"] = dg_us
+            if batch == 1:
+                peers["torch ref"] = bench(
+                    lambda fmt=fmt, cache=cache, table=table, q=q, w=w, lens=lens, ctx=ctx: (
+                        ref_indexer.logits_paged(q, w, cache, fmt, table, lens, ctx)
+                    ),
+                    warmup=1,
+                    rep=3,
+                )
+            rows.append(
+                Row(
+                    "indexer.logits_paged",
+                    f"B={batch} ctx={ctx} H={heads} {fmt} keys, fp8 q",
+                    "triton",
+                    us,
+                    ceil.floor_us(nbytes),
+                    peers,
+                    f"cfg {cfg}" if cfg else "",
+                )
+            )
+            del cache, table
+            torch.cuda.empty_cache()
+    return rows
+
+
+def get_bpt(fmt):
+    return {"fp8": 132, "mxfp4": 68}[fmt]
+
+
+def deepgemm_paged_us(q, w, cache, table, lens, ctx):
+    import deep_gemm
+
+    num_blocks = cache.shape[0]
+    fused = cache.view(num_blocks, 64, 1, 132)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    meta = deep_gemm.get_paged_mqa_logits_metadata(lens, 64, sms)
+    return bench(lambda: deep_gemm.fp8_paged_mqa_logits(q, fused, w, lens, table, meta, ctx, False))
+
+
+def topk_rows(ceil, tune, log):
+    rows = []
+    for r, length in ((64, 131072), (1, 131072)):
+        logits = torch.randn(r, length, device="cuda").relu_()  # ReLU-like: many exact zeros
+        starts = torch.zeros(r, dtype=torch.int32, device="cuda")
+        ends = torch.full((r,), length, dtype=torch.int32, device="cuda")
+
+        def run(logits=logits, starts=starts, ends=ends, **cfg):
+            return topk.topk(logits, starts, ends, 2048, **cfg)
+
+        cfg = {}
+        if tune and r > 1:
+            grid = [{"block": b, "num_warps": nw} for b in (2048, 4096, 8192) for nw in (8, 16, 32)]
+            cfg = _tune(f"topk R={r}", run, grid, log)
+        us = bench(lambda cfg=cfg: run(**cfg))
+        peers = {"torch.topk": bench(lambda x=logits: torch.topk(x, 2048, dim=1))}
+        rows.append(
+            Row(
+                "indexer.topk",
+                f"{r}x{length} k=2048",
+                "triton",
+                us,
+                ceil.floor_us(r * length * 4),
+                peers,
+                f"cfg {cfg}" if cfg else "",
+            )
+        )
+    return rows
+
+
+def sparse_mla_rows(ceil, tune, log):
+    rows = []
+    for batch in (64, 1):
+        heads, k = 128, 2048
+        tokens = max(262144, batch * k)
+        q = torch.randn(batch, 1, heads, 576, device="cuda", dtype=torch.bfloat16)
+        slots = torch.randint(0, tokens, (batch, 1, k), device="cuda", dtype=torch.int32)
+        scale = 576**-0.5
+        flops = 2 * batch * heads * k * (576 + 512)
+        for fmt in ("fp8_ds_mla", "bf16"):
+            cache = latent_cache(fmt, tokens)
+            nbytes = batch * k * cache.shape[2] + q.numel() * 2 * 2
+
+            def run(fmt=fmt, cache=cache, q=q, slots=slots, scale=scale, **cfg):
+                return sparse_mla.decode(q, cache, fmt, slots, scale, **cfg)
+
+            cfg = {}
+            if tune and batch > 1:
+                grid = [
+                    {"block_h": bh, "block_n": bn, "v_parts": vp, "num_warps": nw, "num_stages": st}
+                    for bh, bn, vp, nw, st in (
+                        (64, 64, 4, 8, 2),
+                        (64, 64, 4, 8, 1),
+                        (64, 32, 4, 8, 2),
+                        (64, 64, 2, 8, 2),
+                        (64, 64, 2, 4, 2),
+                        (32, 64, 4, 4, 2),
+                        (64, 32, 2, 4, 3),
+                        (128, 32, 2, 8, 2),
+                        (64, 64, 4, 4, 2),
+                    )
+                ]
+                cfg = _tune(f"sparse_mla {fmt} B={batch}", run, grid, log)
+            us = bench(lambda run=run, cfg=cfg: run(**cfg))
+            peers = {}
+            if fmt == "fp8_ds_mla" and HAS_FLASHMLA:
+                peers["FlashMLA"] = flashmla_decode_us(q, cache, slots, scale)
+            rows.append(
+                Row(
+                    "sparse_mla.decode",
+                    f"B={batch} H={heads} topk={k} {fmt}",
+                    "triton",
+                    us,
+                    ceil.floor_us(nbytes, flops),
+                    peers,
+                    f"cfg {cfg}" if cfg else "",
+                )
+            )
+            del cache
+            torch.cuda.empty_cache()
+    return rows
+
+
+def flashmla_decode_us(q, cache, slots, scale):
+    import flash_mla
+
+    meta, _ = flash_mla.get_mla_metadata()
+    kv = cache.unsqueeze(2)
+
+    def run():
+        return flash_mla.flash_mla_with_kvcache(
+            q, kv, None, None, 512, meta, softmax_scale=scale, is_fp8_kvcache=True, indices=slots
+        )
+
+    return bench(run)
+
+
+def small_op_rows(ceil):
+    rows = []
+    for w_parts, shape in ((4, (64, 128)), (4, (1, 128))):
+        outs = torch.randn(w_parts, *shape, 512, device="cuda", dtype=torch.bfloat16)
+        lses = torch.randn(w_parts, *shape, device="cuda")
+        us = bench(lambda outs=outs, lses=lses: lse_combine.lse_combine(outs, lses))
+        ref = bench(lambda outs=outs, lses=lses: ref_attn.lse_combine(outs, lses))
+        nbytes = outs.numel() * 2 * (1 + 1 / w_parts)
+        rows.append(
+            Row(
+                "attn.lse_combine",
+                f"W={w_parts} {shape} D=512 bf16",
+                "triton",
+                us,
+                ceil.floor_us(nbytes),
+                {"torch ref": ref},
+            )
+        )
+    for tokens in (64, 8192):
+        for fmt, row_bytes in (("fp8_ds_mla", 656), ("bf16", 1152)):
+            cache = torch.zeros(tokens * 2 // 64, 64, row_bytes, dtype=torch.uint8, device="cuda")
+            nope = torch.randn(tokens, 512, device="cuda", dtype=torch.bfloat16)
+            rope = torch.randn(tokens, 64, device="cuda", dtype=torch.bfloat16)
+            slots = torch.randperm(tokens * 2, device="cuda")[:tokens].to(torch.int32)
+            args = (cache, nope, rope, slots, fmt)
+            us = bench(lambda args=args: kv_write.write_latent(*args))
+            ref = bench(lambda args=args: ref_kv.write_latent(*args), warmup=2, rep=10)
+            rows.append(
+                Row(
+                    "kv.write_latent",
+                    f"T={tokens} {fmt}",
+                    "triton",
+                    us,
+                    ceil.floor_us(tokens * (576 * 2 + row_bytes)),
+                    {"torch ref": ref},
+                )
+            )
+        for fmt in ("fp8", "mxfp4"):
+            bpt = get_bpt(fmt)
+            cache = torch.zeros(tokens * 2 // 64, 64 * bpt, dtype=torch.uint8, device="cuda")
+            keys = torch.randn(tokens, 128, device="cuda", dtype=torch.bfloat16)
+            slots = torch.randperm(tokens * 2, device="cuda")[:tokens].to(torch.int32)
+            args = (cache, keys, slots, fmt)
+            us = bench(lambda args=args: kv_write.write_index_keys(*args))
+            ref = bench(lambda args=args: ref_kv.write_index_keys(*args), warmup=2, rep=10)
+            rows.append(
+                Row(
+                    "kv.write_index_keys",
+                    f"T={tokens} {fmt}",
+                    "triton",
+                    us,
+                    ceil.floor_us(tokens * (256 + bpt)),
+                    {"torch ref": ref},
+                )
+            )
+    return rows
+
+
+def ragged_rows(ceil):
+    rows = []
+    m, n, heads = 4096, 16384, 64
+    q = torch.randn(m, heads, 128, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.rand(m, heads, device="cuda")
+    ks = torch.zeros(m, dtype=torch.int32, device="cuda")
+    ke = torch.arange(n - m + 1, n + 1, dtype=torch.int32, device="cuda")  # causal prefill chunk
+    from hwrun.formats.index_keys import get_index_key_format
+
+    for fmt in ("fp8", "mxfp4"):
+        elements, scales = get_index_key_format(fmt).encode(torch.randn(n, 128, device="cuda"))
+        us = bench(
+            lambda e=elements, s=scales, fmt=fmt: indexer_logits.logits_ragged(
+                q, w, e, s, fmt, ks, ke
+            )
+        )
+        peers = {}
+        if fmt == "fp8" and HAS_DEEPGEMM:
+            import deep_gemm
+
+            keys = elements.view(torch.float8_e4m3fn)
+            kscale = scales.view(torch.float32).reshape(n)
+            peers["DeepGEMM"] = bench(
+                lambda k=keys, s=kscale: deep_gemm.fp8_mqa_logits(q, (k, s), w, ks, ke)
+            )
+        flops = 2 * float((ke - ks).sum()) * heads * 128
+        rows.append(
+            Row(
+                "indexer.logits_ragged",
+                f"M={m} N={n} H={heads} {fmt}",
+                "triton",
+                us,
+                ceil.floor_us(m * n * 4, flops),
+                peers,
+            )
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tune", action="store_true", help="time launch-config grids first")
+    parser.add_argument("--out", default=None, help="directory for bench.md, bench.json, tune.log")
+    parser.add_argument("--only", default="", help="comma list: indexer,topk,mla,small,ragged")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    only = set(filter(None, args.only.split(",")))
+    ceil = measure_ceilings()
+    props = torch.cuda.get_device_properties(0)
+    print(
+        f"{props.name}: copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
+        f"{ceil.bf16_flops_per_s / 1e12:.0f} TFLOP/s",
+        flush=True,
+    )
+    log: list[str] = []
+    rows: list[Row] = []
+    sections = (
+        ("topk", topk_rows, True),
+        ("indexer", indexer_rows, True),
+        ("mla", sparse_mla_rows, True),
+        ("small", small_op_rows, False),
+        ("ragged", ragged_rows, False),
+    )
+    for name, fn, tunable in sections:
+        if only and name not in only:
+            continue
+        try:
+            rows += fn(ceil, args.tune, log) if tunable else fn(ceil)
+        except Exception as exc:  # keep the other sections' numbers
+            print(f"section {name} failed: {type(exc).__name__}: {exc}", flush=True)
+        print(markdown(rows[-8:]), flush=True)
+    table = markdown(rows)
+    head = (
+        f"{props.name}, copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
+        f"{ceil.bf16_flops_per_s / 1e12:.0f} TFLOP/s, torch {torch.__version__}"
+    )
+    print("\n" + head + "\n\n" + table)
+    if args.out:
+        out = pathlib.Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.md").write_text(head + "\n\n" + table + "\n")
+        (out / "tune.log").write_text("\n".join(log) + "\n")
+        (out / "bench.json").write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+
+
+if __name__ == "__main__":
+    main()
