@@ -6,6 +6,8 @@ import itertools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hwrun.ops.attn import lse_combine
 
@@ -27,6 +29,31 @@ def test_merging_splits_equals_attention_over_all_keys():
     out, lse = lse_combine(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
     torch.testing.assert_close(out, full_out, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(lse, full_lse, rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    keys=st.integers(1, 40),
+    cuts=st.lists(st.integers(0, 40), max_size=6),
+    seed=st.integers(0, 2**16),
+)
+def test_any_split_of_the_keys_merges_to_the_whole(keys, cuts, seed):
+    # Empty parts (repeated cuts) are parts with LSE -inf and must not matter.
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(s, generator=gen) for s in ((3, 8), (keys, 8), (keys, 4)))
+    bounds = [0, *sorted(min(c, keys) for c in cuts), keys]
+    outs, lses = [], []
+    for a, b in itertools.pairwise(bounds):
+        if b > a:
+            out, lse = _attend(q, k[a:b], v[a:b])
+        else:
+            out, lse = torch.zeros(3, 4), torch.full((3,), -INF)
+        outs.append(out)
+        lses.append(lse)
+    out, lse = lse_combine(torch.stack(outs), torch.stack(lses))
+    full_out, full_lse = _attend(q, k, v)
+    torch.testing.assert_close(out, full_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, full_lse, rtol=1e-5, atol=1e-5)
 
 
 def test_empty_parts_contribute_nothing_even_with_nan_outputs():

@@ -6,6 +6,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hwrun.ops import kda
 
@@ -50,6 +52,26 @@ def test_chunk_matches_fla_naive_recurrence(chunk_size):
     o, s = kda.chunk(q, k, v, g, beta, state, chunk_size=chunk_size)
     torch.testing.assert_close(o, ref_o, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(s, ref_s, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    tokens=st.integers(1, 20),
+    heads=st.integers(1, 3),
+    group=st.integers(1, 2),
+    key_dim=st.sampled_from([4, 8, 12]),
+    value_dim=st.sampled_from([3, 8]),
+    chunk_size=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
+)
+def test_step_and_chunk_match_fla_on_random_shapes(
+    tokens, heads, group, key_dim, value_dim, chunk_size, seed
+):
+    args = _inputs(1, tokens, heads, heads * group, key_dim, value_dim, seed)
+    ref_o, ref_s = _oracle(*args)
+    for o, s in (kda.step(*args), kda.chunk(*args, chunk_size=chunk_size)):
+        torch.testing.assert_close(o, ref_o, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(s, ref_s, rtol=1e-4, atol=1e-4)
 
 
 def test_bf16_inputs_and_a_zero_state():
