@@ -245,3 +245,20 @@ def test_quantized_activation_modes_need_whole_groups():
     with pytest.raises(ValueError, match="D = 64 and I = 64 must be multiples of 128"):
         experts(x, w13, w2, ids, weights, "a8w4")
     assert experts(x, w13, w2, ids, weights, "a4w4").shape == (2, 64)
+
+
+@pytest.mark.parametrize(("format", "mode"), [("bf16", "bf16"), ("mxfp4", "a8w4")])
+def test_a_token_gets_the_same_bits_alone_and_in_a_batch(format, mode):
+    w13, w2 = small_weights(format, seed=6)
+    shared = small_weights("bf16", experts_=1, seed=7)
+    shared = (shared[0].expert(0), shared[1].expert(0))
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(9, 128, generator=generator).bfloat16()
+    ids = torch.randint(0, 4, (9, 2), generator=generator)
+    weights = torch.rand(9, 2, generator=generator)
+    batch = experts(x, w13, w2, ids, weights, mode, shared)
+    for row in (0, 4, 8):
+        alone = experts(
+            x[row : row + 1], w13, w2, ids[row : row + 1], weights[row : row + 1], mode, shared
+        )
+        assert torch.equal(alone, batch[row : row + 1])

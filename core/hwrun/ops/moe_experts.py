@@ -6,7 +6,9 @@
 Numerics (what a fused kernel must match): weights are decoded exactly by ``hwrun.formats``;
 both GEMM inputs (the token ``x`` and the intermediate ``silu(gate) * up``) are rounded to the
 activation format of ``activation_mode`` and decoded back; products and the sum over the top-k
-accumulate in fp32; the result is rounded once to ``x``'s dtype.
+accumulate in fp32 (a token's experts in ascending id order, then the shared experts); the
+result is rounded once to ``x``'s dtype. Every token is computed on its own, so its output does
+not depend on the batch it came in (the reference platform's ``batch_invariant`` claim).
 
 - ``bf16``: activations rounded to bf16 (any weight format).
 - ``a8w4``: activations as fp8 e4m3, one fp32 scale per token per 128 values (DeepGEMM's and
@@ -46,15 +48,20 @@ def quantize_activation(a: torch.Tensor, mode: str) -> torch.Tensor:  # [T, N] -
 
 
 def _swiglu(
-    a: torch.Tensor,  # [T, D] fp32, already in the activation format
+    a: torch.Tensor,  # [n, D] fp32, already in the activation format
     w13: torch.Tensor,  # [2I, D] fp32
     w2: QuantizedWeight,  # [D, I]
     mode: str,
-) -> torch.Tensor:  # [T, D] fp32
-    gate_up = a @ w13.T
-    gate, up = gate_up.chunk(2, dim=-1)
-    hidden = quantize_activation(F.silu(gate) * up, mode)
-    return hidden @ w2.dequantize().T
+) -> torch.Tensor:  # [n, D] fp32
+    """One token at a time (matrix-vector products): CPU BLAS rounds a matrix product
+    differently with its row count, and a token must get the same bits in any batch."""
+    w2_dense = w2.dequantize()
+    out = torch.empty(a.shape[0], w2_dense.shape[0], dtype=torch.float32, device=a.device)
+    for row in range(a.shape[0]):
+        gate, up = (w13 @ a[row]).chunk(2)
+        hidden = quantize_activation((F.silu(gate) * up).unsqueeze(0), mode)[0]
+        out[row] = w2_dense @ hidden
+    return out
 
 
 def experts(
