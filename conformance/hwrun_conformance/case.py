@@ -61,6 +61,7 @@ class Sample:
     or (for in-place ops returning None) the arguments listed in ``inplace``, which the runner
     allocates inside guard bytes and compares after the call. ``perturb_padding`` returns a copy of
     the arguments with every value the contract says is ignored changed (PADDING cases).
+    ``unpack`` turns a structured result (a QuantizedWeight) into the outputs' tuple.
     """
 
     kwargs: dict[str, Any]
@@ -68,6 +69,7 @@ class Sample:
     inplace: tuple[str, ...] = ()
     perturb_padding: Callable[[dict[str, Any], torch.Generator], dict[str, Any]] | None = None
     rows: RowSplit | None = None
+    unpack: Callable[[Any], tuple[Any, ...]] | None = None  # a structured result -> outputs
 
 
 @dataclass(frozen=True)
@@ -111,17 +113,23 @@ class Case:
         return torch.Generator().manual_seed(self.seed)
 
 
-def variants(case: Case, *, padding: bool = False, batch: bool = False) -> list[Case]:
-    """``case`` plus its PADDING and BATCH siblings (same inputs, other checks)."""
+def variants(
+    case: Case, *, padding: bool = False, batch: bool = False, quick_siblings: bool = True
+) -> list[Case]:
+    """``case`` plus its PADDING and BATCH siblings (same inputs, other checks).
+
+    ``quick_siblings=False`` keeps the siblings out of ``--quick`` (a family whose accuracy cases
+    repeat per format checks the invariances on one format in quick mode).
+    """
     out = [case]
     if padding:
-        out.append(_sibling(case, PADDING))
+        out.append(_sibling(case, PADDING, quick_siblings))
     if batch:
-        out.append(_sibling(case, BATCH))
+        out.append(_sibling(case, BATCH, quick_siblings))
     return out
 
 
-def _sibling(case: Case, kind: str) -> Case:
+def _sibling(case: Case, kind: str, quick: bool) -> Case:
     return Case(
         op=case.op,
         name=f"{case.name}.{kind}",
@@ -130,7 +138,7 @@ def _sibling(case: Case, kind: str) -> Case:
         checks=case.checks,
         seed=case.seed,
         kind=kind,
-        quick=case.quick,
+        quick=case.quick and quick,
         must_pass=case.must_pass,
         about=f"{kind} invariance of {case.name}",
     )

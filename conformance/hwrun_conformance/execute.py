@@ -8,6 +8,7 @@ known failures).
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,6 +103,7 @@ def _padding(case: Case, sample: Sample, fn, device: str) -> Verdict:
         kwargs=sample.perturb_padding(_copy_args(sample.kwargs, "cpu"), generator),
         outputs=sample.outputs,
         inplace=sample.inplace,
+        unpack=sample.unpack,
     )
     second = _call_impl(fn, perturbed, device)
     if isinstance(second, Verdict):
@@ -121,7 +123,7 @@ def _batch(case: Case, sample: Sample, fn, device: str) -> Verdict:
         kwargs = _copy_args(sample.kwargs, "cpu")
         for arg, dim in rows.args.items():
             kwargs[arg] = kwargs[arg].narrow(dim, chosen[0], len(chosen)).clone()
-        part = _call_impl(fn, Sample(kwargs, sample.outputs), device)
+        part = _call_impl(fn, Sample(kwargs, sample.outputs, unpack=sample.unpack), device)
         if isinstance(part, Verdict):
             return part
         expected = {
@@ -168,6 +170,8 @@ def _call_impl(fn, sample: Sample, device: str):
 
 def _call(fn, sample: Sample, kwargs: dict[str, Any]) -> dict[str, Any]:
     result = fn(**kwargs)
+    if sample.unpack is not None:
+        result = sample.unpack(result)
     if sample.inplace:
         return {name: kwargs[name].cpu() for name in sample.outputs}
     if isinstance(result, torch.Tensor):
@@ -181,10 +185,24 @@ def _call(fn, sample: Sample, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _copy_args(kwargs: dict[str, Any], device: str) -> dict[str, Any]:
-    return {
-        k: v.detach().to(device, copy=True) if isinstance(v, torch.Tensor) else v
-        for k, v in kwargs.items()
-    }
+    return {k: _copied(v, device) for k, v in kwargs.items()}
+
+
+def _copied(value: Any, device: str) -> Any:
+    """A copy on ``device`` of a tensor, or of the tensors inside a tuple or a dataclass (a
+    QuantizedWeight), so the impl can neither see the reference's inputs nor change them."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device, copy=True)
+    if isinstance(value, tuple | list):
+        return type(value)(_copied(v, device) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {
+            f.name: _copied(getattr(value, f.name), device)
+            for f in dataclasses.fields(value)
+            if f.init
+        }
+        return dataclasses.replace(value, **changes)
+    return value
 
 
 def _suite_error(stage: str, exc: Exception) -> Verdict:

@@ -23,6 +23,7 @@ from hwrun_conformance.status import BROKEN, CONFORMANT, Status
 from hwrun_conformance.worker import Reply, WorkerClient
 
 DEFAULT_TIMEOUT_S = 120.0
+BATCH_FEATURE = "batch_invariant"
 UNCOVERED = "uncovered"  # the kind of the row an op without cases gets
 
 
@@ -157,14 +158,23 @@ def run(
                     "device": job.device,
                 }
                 reply = worker.run(request, options.timeout)
-                batch_claimed = "batch_invariant" in claims.features
-                emit(_judge(job, reply, batch_claimed, options.known_failures))
+                claimed = claims_batch_invariance(claims.features, job.case.op)
+                emit(_judge(job, reply, claimed, options.known_failures))
             platform_results = results[start:]
             for row in audit(plugins, platform, claims, platform_results, options.ops):
                 emit(row)
     finally:
         worker.close()
     return results
+
+
+def claims_batch_invariance(features: frozenset[str], op: str) -> bool:
+    """``batch_invariant`` claims it for every op; ``batch_invariant:GLOB`` for matching ops."""
+    for feature in features:
+        name, _, pattern = feature.partition(":")
+        if name == BATCH_FEATURE and (not pattern or fnmatchcase(op, pattern)):
+            return True
+    return False
 
 
 def conformant(results: list[Result], platform: str, accept_known_failures: bool = False) -> bool:
@@ -214,6 +224,10 @@ def _judge(job: Job, reply: Reply, batch_claimed: bool, known: tuple[KnownFailur
     if entry is not None and result.status in BROKEN:
         result = replace(
             result, status=Status.KNOWN_FAILURE, reason=f"{entry.reason} [{result.reason}]"
+        )
+    elif entry is not None and result.status == Status.PASS:
+        result = replace(
+            result, reason=f"passes: the known-failure entry is stale ({entry.reason})"
         )
     return result
 

@@ -9,6 +9,7 @@ batch-variant router that claims batch invariance, and a correct op that is not 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,9 @@ def wrong_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str]
     )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HWRUN_PLUGINS", "hwrun_wrong_platform")
-        mp.setenv("PYTHONPATH", f"{PLUGIN_DIR}:{__import__('os').environ.get('PYTHONPATH', '')}")
+        mp.setenv(
+            "PYTHONPATH", os.pathsep.join([str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")])
+        )
         mp.syspath_prepend(str(PLUGIN_DIR))
         result = CliRunner().invoke(
             cli,
@@ -39,7 +42,7 @@ def wrong_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str]
                 "wrong",
                 "--quick",
                 "--timeout",
-                "3",
+                "5",  # the hanging kernel costs this twice; real quick cases take < 2 s
                 "--report",
                 str(tmp / "report"),
                 "--known-failures",
@@ -104,7 +107,8 @@ def test_self_kill_is_a_crash_and_batch_variance_fails_the_claim(wrong_run) -> N
         assert _status(by_case, "moe.route", name) == "PASS"
         batch = by_case[("moe.route", f"{name}.batch")]
         assert batch["status"] == "FAIL" and batch["metric"] == "batch_invariance", batch
-    assert by_case[("capabilities", "features:batch_invariant")]["status"] == "FAIL"
+    assert by_case[("capabilities", "batch_invariant:moe.route")]["status"] == "FAIL"
+    assert by_case[("capabilities", "batch_invariant:kda.chunk")]["status"] == "PASS"
 
 
 def test_correct_op_passes_and_audit_reports_claims(wrong_run) -> None:
@@ -115,6 +119,22 @@ def test_correct_op_passes_and_audit_reports_claims(wrong_run) -> None:
     assert unclaimed["status"] == "PASS" and "not claimed" in unclaimed["reason"]
     assert by_case[("capabilities", "ops:indexer.nonexistent")]["status"] == "FAIL"
     assert by_case[("capabilities", "ops:indexer.topk")]["status"] == "FAIL"
+
+
+def test_swapped_mxfp4_nibbles_fail_only_the_mxfp4_writes(wrong_run) -> None:
+    _, by_case, _ = wrong_run
+    for name in ("small", "extreme"):
+        row = by_case[("kv.write_index_keys", f"mxfp4_{name}")]
+        assert row["status"] == "FAIL" and row["metric"] == "cache:exact", row
+        for fmt in ("bf16", "fp8"):
+            assert _status(by_case, "kv.write_index_keys", f"{fmt}_{name}") == "PASS"
+
+
+def test_write_past_the_cache_trips_the_guard_bytes(wrong_run) -> None:
+    _, by_case, _ = wrong_run
+    rows = [r for (op, c), r in by_case.items() if op == "kv.write_latent" and "." not in c]
+    assert rows and all(r["status"] == "FAIL" for r in rows)
+    assert all(r["metric"] == "guard_bytes" and "after" in r["reason"] for r in rows)
 
 
 def test_report_rows_carry_the_required_fields(wrong_run) -> None:

@@ -11,7 +11,15 @@ from collections.abc import Iterable
 
 from hwrun_conformance.case import Case
 
-CASE_MODULES: tuple[str, ...] = ("topk", "attn", "moe", "kda")
+CASE_MODULES: tuple[str, ...] = (
+    "kv_write",
+    "indexer",
+    "topk",
+    "sparse_mla",
+    "attn",
+    "moe",
+    "kda",
+)
 
 
 def all_cases(available_ops: Iterable[str]) -> dict[str, list[Case]]:

@@ -1,8 +1,10 @@
-"""Cases of the MoE ops: `moe.route` (more join as their references land).
+"""Cases of the MoE ops: `moe.route`, `moe.experts`, `moe.requant`.
 
 Routing compares expert ids as per-row sets and the weights after aligning both by expert id, so
 a kernel may return the k experts in another order. Inputs avoid exact score ties (continuous
 random logits): the tie rule of the reference is its own choice, not part of what is compared.
+Experts compare with allclose per weight format (the activation rounding is part of the
+contract); requant compares the MXFP4 bytes and scales exactly.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 from hwrun.registry import OpSpec
 from hwrun_conformance.case import Case, Check, RowSplit, Sample, variants
 
-OPS = ("moe.route",)
+OPS = ("moe.route", "moe.experts", "moe.requant")
 
 _ROUTE_ROWS = RowSplit(args={"router_logits": 0}, outputs={"weights": 0, "ids": 0})
 _ROUTE_CHECKS = {"weights": Check("allclose_by_ids"), "ids": Check("row_sets")}
@@ -45,7 +47,123 @@ def _route(
     return variants(case, batch=tokens > 1)
 
 
+def _experts_sample(g, fmt, mode, tokens, experts, hidden, inter, k, shared) -> Sample:
+    from hwrun.ops.quantized_weight import quantize_weight
+
+    def weight(shape, name):
+        return quantize_weight(torch.randn(*shape, generator=g) * 0.05, fmt, name)
+
+    ids = torch.empty(tokens, k, dtype=torch.long)
+    for t in range(tokens):
+        ids[t] = torch.randperm(experts, generator=g)[:k]
+    ids[torch.rand(tokens, k, generator=g) < 0.2] = -1  # served by another rank (EP)
+    kwargs = {
+        "x": torch.randn(tokens, hidden, generator=g).to(torch.bfloat16),
+        "w13": weight((experts, 2 * inter, hidden), "w13"),
+        "w2": weight((experts, hidden, inter), "w2"),
+        "ids": ids.to(torch.int32),
+        "weights": torch.rand(tokens, k, generator=g),
+        "activation_mode": mode,
+        "shared_experts": (
+            (weight((2 * inter, hidden), "shared_w13"), weight((hidden, inter), "shared_w2"))
+            if shared
+            else None
+        ),
+    }
+    return Sample(
+        kwargs=kwargs,
+        outputs=("out",),
+        rows=RowSplit(args={"x": 0, "ids": 0, "weights": 0}, outputs={"out": 0}),
+    )
+
+
+def _experts(
+    fmt,
+    mode,
+    seed,
+    tokens=6,
+    experts=4,
+    hidden=128,
+    inter=128,
+    k=2,
+    shared=False,
+    quick=True,
+    about="",
+) -> list[Case]:
+    case = Case(
+        op="moe.experts",
+        name=f"{fmt}_{mode}" + ("_shared" if shared else ""),
+        spec=OpSpec(op="moe.experts", dtype="bfloat16", formats=(fmt, mode), topk=k),
+        build=lambda g: _experts_sample(g, fmt, mode, tokens, experts, hidden, inter, k, shared),
+        checks={"out": Check("allclose")},
+        seed=seed,
+        quick=quick,
+        about=about,
+    )
+    return variants(case, batch=tokens > 1, quick_siblings=fmt == "mxfp4")
+
+
+def _requant_sample(g, source: str, shape: tuple[int, ...]) -> Sample:
+    from hwrun.ops.quantized_weight import quantize_weight
+
+    weight = quantize_weight(torch.randn(*shape, generator=g) * 0.02, source, "w13")
+    return Sample(
+        kwargs={"weight": weight, "target": "mxfp4"},
+        outputs=("data", "scales"),
+        unpack=_mxfp4_parts,
+    )
+
+
+def _mxfp4_parts(weight) -> tuple:
+    if weight.format != "mxfp4":
+        raise TypeError(f"moe.requant returned a {weight.format} weight, expected mxfp4")
+    return weight.data, weight.scales
+
+
+def _requant(source, name, seed, shape, quick=True, about="") -> Case:
+    return Case(
+        op="moe.requant",
+        name=f"{source}_{name}",
+        spec=OpSpec(op="moe.requant", formats=(source, "mxfp4")),
+        build=lambda g: _requant_sample(g, source, shape),
+        checks={"data": Check("exact"), "scales": Check("exact")},
+        seed=seed,
+        quick=quick,
+        about=about,
+    )
+
+
 def cases(op: str) -> list[Case]:
+    if op == "moe.experts":
+        return [
+            *_experts("bf16", "bf16", 411, shared=True, about="bf16 weights, shared experts"),
+            *_experts("mxfp4", "a8w4", 412, about="MXFP4 experts, fp8 activations (ROCm)"),
+            *_experts("fp8_block128", "bf16", 413, about="fp8 block-128 weights"),
+            *_experts("mxfp4", "a4w4", 414, quick=False, about="MXFP4 weights and activations"),
+            *_experts("nvfp4", "bf16", 415, quick=False, about="NVFP4 with per-expert scale"),
+            *_experts("int4_g128", "bf16", 416, quick=False, about="W4A16 (PPU)"),
+            *_experts("fp8_block128_ue8m0", "bf16", 417, quick=False, about="ue8m0 block scales"),
+            *_experts("mxfp4", "bf16", 418, tokens=0, about="no tokens"),
+        ]
+    if op == "moe.requant":
+        return [
+            _requant(
+                "fp8_block128",
+                "partial_tiles",
+                421,
+                (2, 200, 96),
+                about="R and C not multiples of 128",
+            ),
+            _requant("fp8_block128_ue8m0", "experts", 422, (3, 128, 256), about="ue8m0 scales"),
+            _requant(
+                "fp8_block128",
+                "layer",
+                423,
+                (8, 512, 1024),
+                quick=False,
+                about="a larger expert stack",
+            ),
+        ]
     return [
         *_route("softmax_top2", 401, 9, 16, top_k=2, about="Mixtral-style softmax routing"),
         *_route(

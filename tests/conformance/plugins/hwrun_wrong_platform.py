@@ -16,7 +16,7 @@ import torch
 
 from hwrun import API_VERSION
 from hwrun.hookspecs import hookimpl
-from hwrun.ops import attn, kda, moe, topk
+from hwrun.ops import attn, kda, kv_write, moe, topk
 from hwrun.platform import Capabilities, PlatformInfo
 from hwrun.registry import OpImpl, OpRegistry
 
@@ -52,7 +52,34 @@ def route_dies_on_empty_batch_varies(router_logits, top_k, **options):
     return weights * (1.0 + 1e-7 * router_logits.shape[0]), ids
 
 
+def write_index_keys_swapped_nibbles(cache, keys, slots, fmt):
+    """Right for bf16 and fp8; for mxfp4 puts element 2i in the high nibble instead of the low."""
+    from hwrun.formats.index_keys import get_index_key_format
+
+    kv_write.write_index_keys(cache, keys, slots, fmt)
+    if fmt != "mxfp4":
+        return
+    key_format = get_index_key_format(fmt)
+    block_size = cache.shape[1] // key_format.bytes_per_token
+    elements, _ = key_format.split_pages(cache, block_size)
+    kept = slots[slots >= 0].long()
+    rows = elements[kept // block_size, kept % block_size]
+    elements[kept // block_size, kept % block_size] = (rows << 4) | (rows >> 4)
+
+
+def write_latent_one_byte_past(cache, nope, rope, slots, fmt, scale=None):
+    """Right bytes, then one byte written just past the end of the cache view."""
+    kv_write.write_latent(cache, nope, rope, slots, fmt, scale)
+    last = cache.storage_offset() + sum(
+        (n - 1) * s for n, s in zip(cache.shape, cache.stride(), strict=True)
+    )
+    past = torch.as_strided(cache, (1,), (1,), last + 1)
+    past.add_(1)
+
+
 IMPLS = {
+    "kv.write_index_keys": write_index_keys_swapped_nibbles,
+    "kv.write_latent": write_latent_one_byte_past,
     "indexer.topk": topk_off_by_one,
     "indexer.to_slots": to_slots_raises,
     "attn.lse_combine": lse_combine_log2,
