@@ -109,6 +109,8 @@ def check_topk_adversarial(comm: Communicator) -> tuple[list[str], int]:
     problems += compare_merge(comm, torch.randn(3, length, generator=g), big_k, "k > share")
     problems += compare_merge(comm, torch.randn(3, length, generator=g), length + 9, "k > L")
     problems += compare_merge(comm, torch.randn(3, length, generator=g), 1, "k = 1")
+    tiny = torch.randn(2, world - 1, generator=g)  # the last rank holds no token at all
+    problems += compare_merge(comm, tiny, 4, "L < W")
     return problems, resent
 
 
@@ -116,7 +118,7 @@ def check_lse_combine(comm: Communicator) -> list[str]:
     """DCP attention (merge, local sparse attention, LSE combine) = single-device attention."""
     world, rank = comm.world_size, comm.rank
     g = torch.Generator().manual_seed(7)
-    rows, heads, length, k = 3, 4, 16 * world + 3, 12
+    rows, heads, length, k = 3, 24, 16 * world + 3, 12  # 24 heads split over W = 2, 3, 4, 8
     q = torch.randn(rows, heads, sparse_mla.QK_DIM, generator=g)
     kv = torch.randn(length, sparse_mla.QK_DIM, generator=g)
     scores = torch.randn(rows, length, generator=g)
@@ -136,8 +138,6 @@ def check_lse_combine(comm: Communicator) -> list[str]:
     )
     problems = []
     for heads_sharded in (False, True):
-        if heads_sharded and heads % world:
-            continue
         out, lse = dcp.lse_combine(comm, part_out, part_lse, heads_sharded=heads_sharded)
         share = heads // world if heads_sharded else heads
         first = rank * share if heads_sharded else 0
