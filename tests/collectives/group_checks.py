@@ -1,4 +1,4 @@
-"""Checks that run inside a W-rank gloo group (one group per W, started by spawn_group).
+"""Checks that run inside a W-rank group (one group per W, started by spawn_group).
 
 Every rank builds the same global inputs from a seed, keeps its own shard, runs the distributed
 op and compares with the single-device reference ops computed on the global inputs. A check
@@ -46,10 +46,12 @@ def merged_sets(comm: Communicator, result: dcp.TopkMergeResult) -> list[set[int
     ]
 
 
-def compare_merge(comm: Communicator, scores: torch.Tensor, k: int, label: str) -> list[str]:
+def compare_merge(
+    comm: Communicator, scores: torch.Tensor, k: int, label: str, device: str
+) -> list[str]:
     """Run the merge on this rank's shard of ``scores`` [R, L] and compare with the reference."""
     world, rank = comm.world_size, comm.rank
-    result = dcp.topk_merge(comm, scores[:, rank::world], k)
+    result = dcp.topk_merge(comm, scores[:, rank::world].to(device), k)
     got = merged_sets(comm, result)
     want = reference_topk_sets(scores, k, world)
     problems = [
@@ -65,18 +67,18 @@ def compare_merge(comm: Communicator, scores: torch.Tensor, k: int, label: str) 
     return problems
 
 
-def check_topk_random(comm: Communicator) -> list[str]:
+def check_topk_random(comm: Communicator, device: str) -> list[str]:
     problems = []
     for seed, (rows, length, k) in enumerate([(6, 300, 32), (4, 1000, 96), (3, 97, 7)]):
         g = torch.Generator().manual_seed(seed)
         scores = torch.randn(rows, length, generator=g)
-        problems += compare_merge(comm, scores, k, f"random seed {seed}")
+        problems += compare_merge(comm, scores, k, f"random seed {seed}", device)
         relu_sum = torch.relu(torch.randn(rows, length, 4, generator=g)).sum(-1)  # indexer-like
-        problems += compare_merge(comm, relu_sum, k, f"relu-sum seed {seed}")
+        problems += compare_merge(comm, relu_sum, k, f"relu-sum seed {seed}", device)
     return problems
 
 
-def check_topk_adversarial(comm: Communicator) -> tuple[list[str], int]:
+def check_topk_adversarial(comm: Communicator, device: str) -> tuple[list[str], int]:
     """Adversarial rows; also returns how many rows took the resend path on this rank."""
     world = comm.world_size
     g = torch.Generator().manual_seed(100 + world)
@@ -86,11 +88,11 @@ def check_topk_adversarial(comm: Communicator) -> tuple[list[str], int]:
     winners = torch.randn(4, length, generator=g)
     for row, owner in enumerate([0, world - 1, world // 2, 0]):
         winners[row, cols % world == owner] += 100.0  # every winner on one rank
-    result = dcp.topk_merge(comm, winners[:, comm.rank :: world], k)
+    result = dcp.topk_merge(comm, winners[:, comm.rank :: world].to(device), k)
     resent += int(result.resend.any(1).sum())
     if world > 1 and not bool(result.resend.any(1).all()):
         problems.append(f"winners-on-one-rank W={world}: the resend path did not run on every row")
-    problems += compare_merge(comm, winners, k, "winners-on-one-rank")
+    problems += compare_merge(comm, winners, k, "winners-on-one-rank", device)
 
     ties = torch.randint(0, 3, (5, length), generator=g).float()  # few distinct values
     ties[1] = 0.0  # one all-equal row (ReLU zeros)
@@ -98,23 +100,25 @@ def check_topk_adversarial(comm: Communicator) -> tuple[list[str], int]:
     ties[3, ::2] = -0.0  # -0 and +0 tie
     ties[3, 1::2] = 0.0
     ties[4] = torch.where(cols % 5 == 0, float("nan"), ties[4])  # NaN never selected
-    problems += compare_merge(comm, ties, k, "ties")
+    problems += compare_merge(comm, ties, k, "ties", device)
 
     short = torch.randn(5, length, generator=g)
     for row, valid in enumerate([0, 1, world - 1, k // 2, k + 1]):  # rows shorter than k
         short[row, valid:] = NEG_INF
-    problems += compare_merge(comm, short, k, "short rows")
+    problems += compare_merge(comm, short, k, "short rows", device)
 
     big_k = 3 * length // 4  # k larger than any rank's share, rows longer than k
-    problems += compare_merge(comm, torch.randn(3, length, generator=g), big_k, "k > share")
-    problems += compare_merge(comm, torch.randn(3, length, generator=g), length + 9, "k > L")
-    problems += compare_merge(comm, torch.randn(3, length, generator=g), 1, "k = 1")
+    problems += compare_merge(comm, torch.randn(3, length, generator=g), big_k, "k > share", device)
+    problems += compare_merge(
+        comm, torch.randn(3, length, generator=g), length + 9, "k > L", device
+    )
+    problems += compare_merge(comm, torch.randn(3, length, generator=g), 1, "k = 1", device)
     tiny = torch.randn(2, world - 1, generator=g)  # the last rank holds no token at all
-    problems += compare_merge(comm, tiny, 4, "L < W")
+    problems += compare_merge(comm, tiny, 4, "L < W", device)
     return problems, resent
 
 
-def check_lse_combine(comm: Communicator) -> list[str]:
+def check_lse_combine(comm: Communicator, device: str) -> list[str]:
     """DCP attention (merge, local sparse attention, LSE combine) = single-device attention."""
     world, rank = comm.world_size, comm.rank
     g = torch.Generator().manual_seed(7)
@@ -132,13 +136,16 @@ def check_lse_combine(comm: Communicator) -> list[str]:
         want_idx[i, : len(chosen)] = torch.tensor(sorted(chosen), dtype=torch.int32)
     want_out, want_lse = sparse_mla.prefill(q, kv, want_idx, scale)
 
-    merged = dcp.topk_merge(comm, scores[:, rank::world], k)
+    merged = dcp.topk_merge(comm, scores[:, rank::world].to(device), k)
     part_out, part_lse = sparse_mla.prefill(
-        q, dcp.shard_context(kv, rank, world), merged.local_indices, scale
+        q, dcp.shard_context(kv, rank, world), merged.local_indices.cpu(), scale
     )
     problems = []
     for heads_sharded in (False, True):
-        out, lse = dcp.lse_combine(comm, part_out, part_lse, heads_sharded=heads_sharded)
+        out, lse = dcp.lse_combine(
+            comm, part_out.to(device), part_lse.to(device), heads_sharded=heads_sharded
+        )
+        out, lse = out.cpu(), lse.cpu()
         share = heads // world if heads_sharded else heads
         first = rank * share if heads_sharded else 0
         exp_out, exp_lse = want_out[:, first : first + share], want_lse[:, first : first + share]
@@ -154,7 +161,7 @@ def check_lse_combine(comm: Communicator) -> list[str]:
     return problems
 
 
-def check_tsp(comm: Communicator) -> list[str]:
+def check_tsp(comm: Communicator, device: str) -> list[str]:
     world, rank = comm.world_size, comm.rank
     problems = []
     for lens in ([37], [5, 0, 2 * world * 3 + 1, 1], [4 * world]):
@@ -162,8 +169,9 @@ def check_tsp(comm: Communicator) -> list[str]:
         g = torch.Generator().manual_seed(sum(lens))
         full = torch.randn(plan.num_tokens, 2 * world, 3, generator=g)  # [T, H, D]
         mine = full[:, 2 * rank : 2 * rank + 2]  # this rank's H/W heads
+        mine = mine.to(device)
         tokens = tsp.heads_to_tokens(comm, mine, plan)
-        if not torch.equal(tokens, full[plan.token_indices[rank]]):
+        if not torch.equal(tokens.cpu(), full[plan.token_indices[rank]]):
             problems.append(f"heads_to_tokens W={world} lens={lens}: wrong rows")
         if not torch.equal(tsp.tokens_to_heads(comm, tokens, plan), mine):
             problems.append(f"tokens_to_heads(heads_to_tokens(x)) != x, W={world} lens={lens}")
@@ -173,22 +181,22 @@ def check_tsp(comm: Communicator) -> list[str]:
     return problems
 
 
-def check_gather_context(comm: Communicator) -> list[str]:
+def check_gather_context(comm: Communicator, device: str) -> list[str]:
     world, rank = comm.world_size, comm.rank
     problems = []
     for length in (0, 1, world - 1, 5 * world + 2):
         g = torch.Generator().manual_seed(length)
         rows = torch.randint(0, 256, (length, 656), generator=g, dtype=torch.uint8)  # cache rows
-        got = dcp.gather_context(comm, dcp.shard_context(rows, rank, world), length)
-        if not torch.equal(got, rows):
+        got = dcp.gather_context(comm, dcp.shard_context(rows, rank, world).to(device), length)
+        if not torch.equal(got.cpu(), rows):
             problems.append(f"gather_context W={world} L={length}: rows differ")
     return problems
 
 
-def check_communicator(comm: Communicator) -> list[str]:
+def check_communicator(comm: Communicator, device: str) -> list[str]:
     world, rank = comm.world_size, comm.rank
     problems = []
-    x = torch.tensor([rank, -rank], dtype=torch.float32)
+    x = torch.tensor([rank, -rank], dtype=torch.float32, device=device)
     if comm.all_reduce(x).tolist() != [sum(range(world)), -sum(range(world))]:
         problems.append("all_reduce sum")
     if comm.all_reduce(x, "max").tolist() != [world - 1, 0]:
@@ -199,16 +207,18 @@ def check_communicator(comm: Communicator) -> list[str]:
     return problems
 
 
-def run_all(comm: Communicator) -> dict[str, object]:
-    adversarial, resent_rows = check_topk_adversarial(comm)
+def run_all(comm: Communicator, device: str = "cpu") -> dict[str, object]:
+    """Every check; ``device`` holds the tensors the collectives see ("cuda" under NCCL, with
+    spawn_group(..., backend="nccl")); references run on the CPU."""
+    adversarial, resent_rows = check_topk_adversarial(comm, device)
     return {
-        "communicator": check_communicator(comm),
-        "topk_random": check_topk_random(comm),
+        "communicator": check_communicator(comm, device),
+        "topk_random": check_topk_random(comm, device),
         "topk_adversarial": adversarial,
         "resent_rows": resent_rows,
-        "lse_combine": check_lse_combine(comm),
-        "tsp": check_tsp(comm),
-        "gather_context": check_gather_context(comm),
+        "lse_combine": check_lse_combine(comm, device),
+        "tsp": check_tsp(comm, device),
+        "gather_context": check_gather_context(comm, device),
     }
 
 

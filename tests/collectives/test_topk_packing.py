@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hwrun.collectives import dcp
-from hwrun.collectives.communicator import Communicator
+from hwrun.collectives.communicator import CollectiveError, Communicator
 from hwrun.collectives.topk_merge import merge_key, orderable_bf16
 
 
@@ -89,3 +89,15 @@ def test_merge_refuses_bad_shapes_and_k() -> None:
         dcp.topk_merge(SingleRank(), torch.zeros(4), 2)
     with pytest.raises(ValueError, match="65536"):
         dcp.topk_merge(SingleRank(), torch.zeros(1, 4), 70000)
+
+
+class Reversing(SingleRank):
+    """A broken communicator: all_gather returns each row's candidates reversed."""
+
+    def all_gather(self, x):
+        return x.flip(-1).unsqueeze(0)
+
+
+def test_a_communicator_that_reorders_candidates_is_caught() -> None:
+    with pytest.raises(CollectiveError, match="out of order"):
+        dcp.topk_merge(Reversing(), torch.randn(2, 40), 8)

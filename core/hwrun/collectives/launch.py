@@ -1,11 +1,12 @@
-"""Run a function on W local processes joined in one gloo group: for tests and benchmarks.
+"""Run a function on W local processes joined in one group: for tests and benchmarks.
 
 Each rank is a fresh process that inherits nothing from the caller: it is forked from
 multiprocessing's forkserver, a clean process that imported torch and hwrun.collectives once
 (``set_forkserver_preload``), so W ranks cost one torch import instead of W (on two cores, a
 W = 8 group starts in about 8 s instead of about 50 s with 'spawn'). Each rank joins a gloo
-group over loopback TCP with a bounded collective timeout, runs ``target(comm, *args)`` and
-sends back its return value. The parent waits at most ``deadline_s`` for all of them.
+(or NCCL) group through a loopback TCP rendezvous with a bounded collective timeout, runs
+``target(comm, *args)`` and sends back its return value. The parent waits at most
+``deadline_s`` for all of them.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ def spawn_group(
     *,
     timeout_s: float = 30.0,
     deadline_s: float = 300.0,
+    backend: str = "gloo",
 ) -> list[Any]:
     """``[target(comm_0, *args), ..., target(comm_{W-1}, *args)]``, one process per rank.
 
     ``target`` must be importable by name (a module-level function) and return plain picklable
     Python data (no tensors: a rank's shared-memory handles die with it). ``timeout_s`` bounds
-    each collective; ``deadline_s`` the whole run, start-up included.
+    each collective; ``deadline_s`` the whole run, start-up included. ``backend="nccl"`` gives
+    rank r GPU ``r % device_count`` (made current before the group starts): pass tensors there.
 
     :raises HwrunError: when a rank raised, crashed or missed the deadline; the message lists
         every rank's outcome.
@@ -49,7 +52,7 @@ def spawn_group(
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(target, rank, world_size, init_method, timeout_s, args, results),
+            args=(target, rank, world_size, init_method, timeout_s, backend, args, results),
             name=f"hwrun-rank-{rank}",
         )
         for rank in range(world_size)
@@ -94,6 +97,7 @@ def _rank_main(
     world_size: int,
     init_method: str,
     timeout_s: float,
+    backend: str,
     args: tuple[Any, ...],
     results: mp.Queue,
 ) -> None:
@@ -104,8 +108,10 @@ def _rank_main(
 
     torch.set_num_threads(1)  # W processes share the machine's cores
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         comm = init_torch_communicator(
-            rank, world_size, init_method, backend="gloo", timeout_s=timeout_s
+            rank, world_size, init_method, backend=backend, timeout_s=timeout_s
         )
         results.put((rank, "ok", target(comm, *args)))
     except BaseException as exc:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hwrun.collectives.communicator import Communicator
+from hwrun.collectives.communicator import CollectiveError, Communicator
 
 MAX_K = 1 << 16  # ordinals live in 16 bits
 _WORD_BYTES = 4
@@ -49,9 +49,7 @@ class TopkMergeResult:
     same on every rank.
     """
 
-    local_indices: (
-        torch.Tensor
-    )  # [R, k] int32: this rank's local indices in the top-k, best first, -1 padded
+    local_indices: torch.Tensor  # [R, k] int32 local ids in the top-k, best first, -1 padded
     num_local: torch.Tensor  # [R] int32: valid entries of local_indices per row
     resend: torch.Tensor  # [R, W] bool: rank w resent row i in round 2
     threshold: torch.Tensor  # [R] int64: key of the k-th selected candidate (1: row has < k)
@@ -160,9 +158,10 @@ def _keys_from_words(words: torch.Tensor, ranks: torch.Tensor, first_ordinal: in
     ordinal = 0xFFFF - (words & 0xFFFF)
     slots = torch.arange(first_ordinal, first_ordinal + words.shape[2], device=words.device)
     if bool(((ordinal != slots) & (score16 != _NO_CANDIDATE)).any()):
-        raise RuntimeError(
-            "dcp.topk_merge received candidates out of order: the communicator "
-            "returned data in a different layout than it was sent"
+        raise CollectiveError(
+            "dcp.topk_merge received candidates out of order: the communicator returned data in "
+            "a different layout than it was sent; check its all_gather / all_to_all against "
+            "the Communicator docstrings"
         )
     return merge_key(score16, ranks, ordinal)
 
