@@ -131,7 +131,9 @@ def refuse(path: Path, monkeypatch) -> str:
     reads = []
     original = SafetensorsCheckpoint.read
     monkeypatch.setattr(
-        SafetensorsCheckpoint, "read", lambda self, name: reads.append(name) or original(self, name)
+        SafetensorsCheckpoint,
+        "read",
+        lambda self, name, *args: reads.append(name) or original(self, name, *args),
     )
     with pytest.raises(CheckpointError) as err:
         load_moe_layers(path, CONFIG)
@@ -217,3 +219,33 @@ def test_config_from_a_deepseek_config_json():
     assert config.moe_layers == tuple(range(3, 61))
     assert (config.num_experts, config.shared_intermediate_size) == (256, 2048)
     assert config.has_correction_bias
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="measures a CUDA device's allocator")
+def test_cuda_peak_is_the_mxfp4_model_plus_one_fp8_layer_and_bytes_match_cpu(tmp_path):
+    """On a GPU the bound is read from the CUDA caching allocator's own peak counter, at a
+    size where one FP8 layer (24 MiB) dwarfs the slack; the bytes equal the CPU load's."""
+    config = MoECheckpointConfig(
+        moe_layers=(0, 1, 2, 3),
+        num_experts=16,
+        hidden_size=1024,
+        moe_intermediate_size=512,
+        shared_intermediate_size=512,
+    )
+    write_checkpoint(tmp_path, config, files=4)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    model = load_moe_layers(tmp_path, config, device="cuda")
+    peak = torch.cuda.max_memory_allocated() - base
+    one_layer = sum(
+        entry.nbytes
+        for name, entry in SafetensorsCheckpoint(tmp_path).entries.items()
+        if name.startswith(config.experts_prefix(0) + ".")
+    )
+    matrix_fp32 = config.hidden_size * config.moe_intermediate_size * 4
+    assert peak <= model.nbytes + one_layer + SLACK_MATRICES * matrix_fp32
+    assert model.layers[3].w13.data.is_cuda
+    on_cpu = load_moe_layers(tmp_path, config).layers[3]
+    assert torch.equal(model.layers[3].w13.data.cpu(), on_cpu.w13.data)
+    assert torch.equal(model.layers[3].w2.scales.cpu(), on_cpu.w2.scales)

@@ -19,6 +19,7 @@ this loader's; attention and the rest belong to the model's own loader.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,13 +73,15 @@ def load_moe_layers(
     config: MoECheckpointConfig,
     expert_format: str = "mxfp4",
     rule: str = "floor",
+    device: str | torch.device = "cpu",
 ) -> MoEModelWeights:
     """Load the MoE layers of the checkpoint at ``path`` (a file or a directory of files).
 
     ``expert_format="mxfp4"`` re-quantizes the routed experts layer by layer (``rule`` is the
     mxfp4 scale rule); ``"fp8_block128"`` keeps them as stored (then I must be a multiple of
     128 so gate and up tiles stack into one w13). Shared experts and the router keep the
-    checkpoint's precision.
+    checkpoint's precision. Everything is placed on ``device``; the FP8 layer is converted
+    there, so the peak bound holds for that device's memory.
 
     :raises CheckpointError: listing every missing or mis-shaped tensor, before reading data.
     """
@@ -93,7 +96,9 @@ def load_moe_layers(
     _check_plan(checkpoint, plan, config, expert_format)
     layers = {}
     for layer in config.moe_layers:
-        layers[layer] = _load_layer(checkpoint, config, layer, expert_format, rule)
+        layers[layer] = _load_layer(
+            lambda name: checkpoint.read(name, device), config, layer, expert_format, rule
+        )
     return MoEModelWeights(layers)
 
 
@@ -151,7 +156,7 @@ def _config_problems(
 
 
 def _load_layer(
-    checkpoint: SafetensorsCheckpoint,
+    read: Callable[[str], torch.Tensor],
     config: MoECheckpointConfig,
     layer: int,
     expert_format: str,
@@ -159,7 +164,7 @@ def _load_layer(
 ) -> MoELayerWeights:
     # The layer's FP8 experts: materialized together, each expert's copy dropped once converted.
     fp8 = {
-        (expert, proj, part): checkpoint.read(config.expert_name(layer, expert, proj, part))
+        (expert, proj, part): read(config.expert_name(layer, expert, proj, part))
         for expert in range(config.num_experts)
         for proj in EXPERT_PROJECTIONS
         for part in ("weight", "weight_scale_inv")
@@ -172,12 +177,12 @@ def _load_layer(
 
     bias = None
     if config.has_correction_bias:
-        bias = checkpoint.read(config.router_name(layer, "e_score_correction_bias"))
+        bias = read(config.router_name(layer, "e_score_correction_bias"))
     shared = None
     if config.shared_intermediate_size:
-        shared = _read_shared(checkpoint, config, layer)
+        shared = _read_shared(read, config, layer)
     return MoELayerWeights(
-        router_weight=checkpoint.read(config.router_name(layer, "weight")),
+        router_weight=read(config.router_name(layer, "weight")),
         e_score_correction_bias=bias,
         w13=w13,
         w2=w2,
@@ -198,10 +203,11 @@ def _requant_layer(
         config.hidden_size,
         config.moe_intermediate_size,
     )
-    w13_packed = torch.empty(num_experts, 2 * inter, hidden // 2, dtype=torch.uint8)
-    w13_scales = torch.empty(num_experts, 2 * inter, hidden // 32, dtype=torch.uint8)
-    w2_packed = torch.empty(num_experts, hidden, inter // 2, dtype=torch.uint8)
-    w2_scales = torch.empty(num_experts, hidden, inter // 32, dtype=torch.uint8)
+    device = fp8[(0, "gate_proj", "weight")].device
+    w13_packed = torch.empty(num_experts, 2 * inter, hidden // 2, dtype=torch.uint8, device=device)
+    w13_scales = torch.empty(num_experts, 2 * inter, hidden // 32, dtype=torch.uint8, device=device)
+    w2_packed = torch.empty(num_experts, hidden, inter // 2, dtype=torch.uint8, device=device)
+    w2_scales = torch.empty(num_experts, hidden, inter // 32, dtype=torch.uint8, device=device)
     targets = {
         "gate_proj": (w13_packed[:, :inter], w13_scales[:, :inter]),
         "up_proj": (w13_packed[:, inter:], w13_scales[:, inter:]),
@@ -257,14 +263,14 @@ def _stack_fp8_layer(
 
 
 def _read_shared(
-    checkpoint: SafetensorsCheckpoint, config: MoECheckpointConfig, layer: int
+    read: Callable[[str], torch.Tensor], config: MoECheckpointConfig, layer: int
 ) -> tuple[QuantizedWeight, QuantizedWeight]:
     def weight(projs: tuple[str, ...], shape: tuple[int, int], label: str) -> QuantizedWeight:
         name = f"{config.shared_prefix(layer)}.{label}"
-        tensors = [checkpoint.read(config.shared_name(layer, p, "weight")) for p in projs]
+        tensors = [read(config.shared_name(layer, p, "weight")) for p in projs]
         if tensors[0].dtype != torch.float8_e4m3fn:
             return QuantizedWeight("bf16", shape, torch.cat(tensors).to(torch.bfloat16), name=name)
-        scales = [checkpoint.read(config.shared_name(layer, p, "weight_scale_inv")) for p in projs]
+        scales = [read(config.shared_name(layer, p, "weight_scale_inv")) for p in projs]
         codes = torch.cat([_codes(t) for t in tensors])
         return QuantizedWeight("fp8_block128", shape, codes, torch.cat(scales), name=name)
 

@@ -78,8 +78,11 @@ class SafetensorsCheckpoint:
     def __contains__(self, name: str) -> bool:
         return name in self.entries
 
-    def read(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` in its stored dtype and shape, in memory owned by the tensor alone."""
+    def read(self, name: str, device: str | torch.device = "cpu") -> torch.Tensor:
+        """Tensor ``name`` in its stored dtype and shape, in memory owned by the tensor alone.
+
+        For another ``device`` the bytes pass through one host buffer of this tensor's size,
+        freed on return."""
         entry = self.entries.get(name)
         if entry is None:
             raise CheckpointError(f"tensor {name!r} is not in the checkpoint")
@@ -92,7 +95,7 @@ class SafetensorsCheckpoint:
                 f"tensor {name!r}: {entry.path.name} ends after {got} of its {entry.nbytes} "
                 "bytes; the file is truncated"
             )
-        return raw.view(SAFETENSORS_DTYPES[entry.dtype]).view(entry.shape)
+        return raw.to(device).view(SAFETENSORS_DTYPES[entry.dtype]).view(entry.shape)
 
 
 def _read_header(path: Path) -> list[TensorEntry]:
