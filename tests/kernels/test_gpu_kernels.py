@@ -181,6 +181,9 @@ def test_deepgemm_ragged_adapter():
 
 
 def test_kv_writes_byte_exact_at_scale():
+    # The reference bytes are computed on CPU: the formats define IEEE division, and on CUDA
+    # torch divides by a Python scalar through its reciprocal (amax / 448 then differs in the
+    # last bit of some fp8_ds_mla scales).
     from hwrun.kernels.triton.kv_write import write_index_keys, write_latent
     from hwrun.ops import kv_write as ref
 
@@ -190,18 +193,19 @@ def test_kv_writes_byte_exact_at_scale():
     keys = torch.randn(tokens, 128, device="cuda", dtype=torch.bfloat16)
     for fmt, bpt in (("fp8", 132), ("mxfp4", 68)):
         a = torch.zeros(2 * tokens // 64, 64 * bpt, dtype=torch.uint8, device="cuda")
-        b = a.clone()
+        b = a.cpu()
         write_index_keys(a, keys, slots, fmt)
-        ref.write_index_keys(b, keys, slots, fmt)
-        assert torch.equal(a, b), fmt
+        ref.write_index_keys(b, keys.cpu(), slots.cpu(), fmt)
+        assert torch.equal(a.cpu(), b), fmt
     nope = torch.randn(tokens, 512, device="cuda", dtype=torch.bfloat16)
     rope = torch.randn(tokens, 64, device="cuda", dtype=torch.bfloat16)
     for fmt, row_bytes in (("fp8_ds_mla", 656), ("bf16", 1152)):
         a = torch.zeros(2 * tokens // 64, 64, row_bytes, dtype=torch.uint8, device="cuda")
-        b = a.clone()
+        b = a.cpu()
         write_latent(a, nope, rope, slots, fmt)
-        ref.write_latent(b, nope, rope, slots, fmt)
-        assert torch.equal(a, b), fmt
+        ref.write_latent(b, nope.cpu(), rope.cpu(), slots.cpu(), fmt)
+        diff = (a.cpu() != b).nonzero()
+        assert diff.numel() == 0, f"{fmt}: {len(diff)} bytes differ, row offsets {diff[:8, 2]}"
 
 
 def test_lse_combine_at_scale():

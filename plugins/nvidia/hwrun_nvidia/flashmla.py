@@ -4,15 +4,15 @@
 Registered only when ``flash_mla`` can be found. Conventions converted to the contract:
 - decode returns the LSE as ``[B, H, s]`` and +inf for a row with no valid entry; the contract
   wants ``[B, s, H]`` and -inf (with out 0).
-- decode's ``topk_length`` is per request ``[B]``; with several query rows per request the
-  adapter turns the contract's ``[B, s]`` lengths into -1 entries instead.
-- prefill returns a base-2 LSE (times ln 2 here) and takes indices ``[T, 1, k]``.
+- decode's ``topk_length`` is refused by the Hopper sparse kernel (an assertion in FlashMLA
+  1.0.0's sm90 splitkv_mla.cuh), so the adapter turns the contract's ``[B, s]`` lengths into -1
+  entries instead.
+- prefill takes indices ``[T, 1, k]``; its LSE is already a natural log in this wheel
+  (tokenspeed-flashmla 1.0.0, checked against the reference on the H200).
 - sparse decode reads only the fp8_ds_mla cache (656 B rows); q is bf16.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -62,15 +62,10 @@ def decode(
 
     if fmt != "fp8_ds_mla" or latent_scale is not None:
         raise ValueError(f"FlashMLA sparse decode reads fp8_ds_mla rows only, got {fmt!r}")
-    B, S = q.shape[:2]
     indices = slots.to(torch.int32)
-    lengths = None
     if topk_length is not None:
-        if S == 1:
-            lengths = topk_length.reshape(B).to(torch.int32).contiguous()
-        else:
-            position = torch.arange(indices.shape[-1], device=q.device)
-            indices = indices.masked_fill(position >= topk_length[..., None], -1)
+        position = torch.arange(indices.shape[-1], device=q.device)
+        indices = indices.masked_fill(position >= topk_length[..., None], -1)
     kv = cache.unsqueeze(2)  # [num_blocks, block_size, 1, 656]
     meta, _ = flash_mla.get_mla_metadata()
     out, lse = flash_mla.flash_mla_with_kvcache(
@@ -84,7 +79,6 @@ def decode(
         is_fp8_kvcache=True,
         indices=indices.contiguous(),
         attn_sink=None if attn_sink is None else attn_sink.float().contiguous(),
-        topk_length=lengths,
     )
     return _empty_rows_to_contract(out, lse.transpose(1, 2))
 
@@ -99,7 +93,7 @@ def prefill(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [T, H, 512], lse [T, H] fp32 natural log
     import flash_mla
 
-    out, _max_logits, lse2 = flash_mla.flash_mla_sparse_fwd(
+    out, _max_logits, lse = flash_mla.flash_mla_sparse_fwd(
         q.contiguous(),
         kv.to(torch.bfloat16).unsqueeze(1).contiguous(),
         indices.to(torch.int32).unsqueeze(1).contiguous(),
@@ -108,7 +102,7 @@ def prefill(
         None if attn_sink is None else attn_sink.float().contiguous(),
         None if topk_length is None else topk_length.to(torch.int32).contiguous(),
     )
-    return _empty_rows_to_contract(out.to(q.dtype), lse2 * math.log(2.0))
+    return _empty_rows_to_contract(out.to(q.dtype), lse)
 
 
 def register(registry: OpRegistry) -> None:
