@@ -27,16 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from hwrun.formats.checks import require_float, require_uint8
-from hwrun.formats.e8m0 import decode_e8m0, pow2_reciprocal
+from hwrun.formats.e2m1 import encode_scaled_blocks
 from hwrun.formats.fp8 import decode_e4m3, encode_e4m3, scale_from_amax
-from hwrun.formats.mxfp4 import (
-    MX_BLOCK,
-    decode_e2m1,
-    encode_e2m1,
-    mx_scale_codes,
-    pack_nibbles,
-    unpack_nibbles,
-)
+from hwrun.formats.mxfp4 import MX_BLOCK, decode_scaled_blocks, mx_scale
 
 INDEX_DIM = 128
 AMAX_FLOOR = 1e-4
@@ -62,15 +55,16 @@ def _fp8_decode(elements: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 
 def _mxfp4_encode(keys: torch.Tensor) -> Codec:
-    blocks = keys.reshape(*keys.shape[:-1], INDEX_DIM // MX_BLOCK, MX_BLOCK)
-    scales = mx_scale_codes(blocks.abs().amax(dim=-1).clamp(min=AMAX_FLOOR), "rceil")
-    codes = encode_e2m1(blocks * pow2_reciprocal(scales).unsqueeze(-1))
-    return pack_nibbles(codes.reshape(keys.shape)), scales
+    blocks = keys.reshape(-1, MX_BLOCK)
+    packed, scales = encode_scaled_blocks(
+        blocks, lambda a: mx_scale(a.clamp(min=AMAX_FLOOR), "rceil")
+    )
+    lead = keys.shape[:-1]
+    return packed.reshape(*lead, INDEX_DIM // 2), scales.reshape(*lead, INDEX_DIM // MX_BLOCK)
 
 
 def _mxfp4_decode(elements: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    values = decode_e2m1(unpack_nibbles(elements)).reshape(*scales.shape, MX_BLOCK)
-    return (values * decode_e8m0(scales).unsqueeze(-1)).reshape(*scales.shape[:-1], INDEX_DIM)
+    return decode_scaled_blocks(elements, scales)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from hwrun.formats.checks import (
     require_shape,
     require_uint8,
 )
-from hwrun.formats.mxfp4 import pack_nibbles, unpack_nibbles
+from hwrun.formats.e2m1 import pack_nibbles, unpack_nibbles
 
 INT4_GROUP = 128
 INT4_MIN, INT4_MAX = -8, 7

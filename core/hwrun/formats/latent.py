@@ -27,7 +27,6 @@ import torch
 
 from hwrun.formats.checks import require_float, require_uint8
 from hwrun.formats.fp8 import E4M3_MAX, decode_e4m3, encode_e4m3
-from hwrun.formats.mxfp4 import pack_nibbles, unpack_nibbles
 from hwrun.formats.nvfp4 import dequantize_blocks, quantize_blocks
 
 NOPE_DIM, ROPE_DIM = 512, 64
@@ -81,13 +80,12 @@ def _ds_mla_decode(rows: torch.Tensor) -> torch.Tensor:
 
 
 def _nvfp4_encode(nope: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    codes, scales = quantize_blocks(nope, torch.tensor(1.0, device=nope.device))
-    return torch.cat((pack_nibbles(codes), encode_e4m3(rope), scales), dim=-1)
+    packed, scales = quantize_blocks(nope, torch.tensor(1.0, device=nope.device))
+    return torch.cat((packed, encode_e4m3(rope), scales), dim=-1)
 
 
 def _nvfp4_decode(rows: torch.Tensor) -> torch.Tensor:
-    codes = unpack_nibbles(rows[..., : NOPE_DIM // 2])
-    nope = dequantize_blocks(codes, rows[..., NOPE_DIM // 2 + ROPE_DIM :])
+    nope = dequantize_blocks(rows[..., : NOPE_DIM // 2], rows[..., NOPE_DIM // 2 + ROPE_DIM :])
     rope = decode_e4m3(rows[..., NOPE_DIM // 2 : NOPE_DIM // 2 + ROPE_DIM])
     return torch.cat((nope, rope), dim=-1)
 

@@ -4,7 +4,7 @@ Rule (docs/formats.md, "NVFP4"): ``tensor_scale = 448 * 6 / amax(x)`` unless giv
 amax is 0); per block of 16, ``sf = (amax_b / 6) * tensor_scale`` in fp32, stored as
 ``s = e4m3(max(sf, 2^-9))`` (RNE, saturating at 448; the floor at the smallest e4m3 keeps every
 scale non-zero, as DeepSeek-V4's fp4 activation quantizer does); elements
-``e2m1(x * (tensor_scale / s))`` with mxfp4's element rule. Decoding is
+``e2m1(x * (tensor_scale / s))`` with E2M1's element rule (e2m1.py). Decoding is
 ``e2m1 * s / tensor_scale``. The arithmetic order is torchao's ``nvfp4_quantize`` (with its
 ``per_tensor_scale`` = 1 / tensor_scale); torchao floors ``sf`` at 2^-6 instead of 2^-9.
 
@@ -25,14 +25,12 @@ from hwrun.formats.checks import (
     require_shape,
     require_uint8,
 )
-from hwrun.formats.fp8 import E4M3_MAX, decode_e4m3, encode_e4m3
-from hwrun.formats.mxfp4 import (
+from hwrun.formats.e2m1 import (
     E2M1_MAX,
-    decode_e2m1,
-    encode_e2m1,
-    pack_nibbles,
-    unpack_nibbles,
+    decode_packed_e2m1,
+    encode_scaled_blocks,
 )
+from hwrun.formats.fp8 import E4M3_MAX, decode_e4m3, encode_e4m3
 
 NV_BLOCK = 16
 MIN_BLOCK_SCALE = 2.0**-9  # the smallest positive e4m3 (a subnormal)
@@ -47,22 +45,25 @@ def default_tensor_scale(x: torch.Tensor) -> torch.Tensor:  # [...] -> 0-dim fp3
 def quantize_blocks(
     x: torch.Tensor,  # [..., N] fp32, N a multiple of 16
     tensor_scale: torch.Tensor,  # 0-dim fp32
-) -> tuple[torch.Tensor, torch.Tensor]:  # codes [..., N] uint8 (one per byte), scales [..., N//16]
+) -> tuple[torch.Tensor, torch.Tensor]:  # packed [..., N // 2] uint8, scales [..., N // 16] e4m3
     """The NVFP4 block step (module docstring), shared with the nvfp4_ds_mla latent rows."""
-    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // NV_BLOCK, NV_BLOCK)
-    sf = (blocks.abs().amax(dim=-1) / E2M1_MAX) * tensor_scale
-    scales = encode_e4m3(sf.clamp(min=MIN_BLOCK_SCALE))
-    multiplier = tensor_scale / decode_e4m3(scales)
-    codes = encode_e2m1(blocks * multiplier.unsqueeze(-1))
-    return codes.reshape(x.shape), scales
+
+    def scale_of(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sf = (amax / E2M1_MAX) * tensor_scale
+        scales = encode_e4m3(sf.clamp(min=MIN_BLOCK_SCALE))
+        return scales, tensor_scale / decode_e4m3(scales)
+
+    packed, scales = encode_scaled_blocks(x.reshape(-1, NV_BLOCK), scale_of)
+    lead = x.shape[:-1]
+    return packed.reshape(*lead, x.shape[-1] // 2), scales.reshape(*lead, -1)
 
 
 def dequantize_blocks(
-    codes: torch.Tensor,  # [..., N] uint8, one e2m1 code per byte
+    packed: torch.Tensor,  # [..., N // 2] uint8
     scales: torch.Tensor,  # [..., N // 16] uint8 e4m3
 ) -> torch.Tensor:  # [..., N] float32, before the tensor scale
-    values = decode_e2m1(codes).reshape(*scales.shape, NV_BLOCK)
-    return (values * decode_e4m3(scales).unsqueeze(-1)).reshape(codes.shape)
+    values = decode_packed_e2m1(packed).reshape(*scales.shape, NV_BLOCK)
+    return (values * decode_e4m3(scales).unsqueeze(-1)).reshape(*packed.shape[:-1], -1)
 
 
 def quantize_nvfp4(
@@ -77,8 +78,8 @@ def quantize_nvfp4(
         ts = default_tensor_scale(xf)
     else:
         ts = torch.as_tensor(tensor_scale, dtype=torch.float32, device=xf.device).reshape(())
-    codes, scales = quantize_blocks(xf, ts)
-    return pack_nibbles(codes), scales, ts
+    packed, scales = quantize_blocks(xf, ts)
+    return packed, scales, ts
 
 
 def dequantize_nvfp4(
@@ -93,7 +94,7 @@ def dequantize_nvfp4(
     expected = (*packed.shape[:-1], half * 2 // NV_BLOCK)
     require_shape(scales, expected, "dequantize_nvfp4 scales", f"{list(expected)} uint8")
     ts = torch.as_tensor(tensor_scale, dtype=torch.float32, device=packed.device)
-    return dequantize_blocks(unpack_nibbles(packed), scales) / ts
+    return dequantize_blocks(packed, scales) / ts
 
 
 def _tiled_offsets(rows: int, cols: int, device: torch.device) -> tuple[torch.Tensor, int]:
