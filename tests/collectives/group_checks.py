@@ -26,7 +26,7 @@ def reference_topk_sets(scores: torch.Tensor, k: int, world: int) -> list[set[in
     smallest-index rule over the tokens laid out rank-major (rank 0's tokens, then rank 1's...);
     tokens whose bf16 score is -inf (or NaN) are never selected."""
     rows, length = scores.shape
-    rank_major = torch.cat([torch.arange(r, length, world) for r in range(world)])
+    rank_major = torch.cat([torch.arange(length)[r::world] for r in range(world)])
     rounded = scores.float().to(torch.bfloat16).float()[:, rank_major]
     ends = torch.full((rows,), length, dtype=torch.int32)
     best = reference_topk(rounded, torch.zeros_like(ends), ends, k).long()
