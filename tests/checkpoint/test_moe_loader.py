@@ -12,7 +12,9 @@ from hwrun.checkpoint import (
     SafetensorsCheckpoint,
     load_moe_layers,
 )
+from hwrun.ops.moe_experts import experts
 from hwrun.ops.moe_requant import requant, requant_matrix_to_mxfp4
+from hwrun.ops.moe_route import route
 from hwrun.ops.quantized_weight import QuantizedWeight, quantize_weight
 
 from .synthetic import write_checkpoint
@@ -255,3 +257,19 @@ def test_cuda_peak_is_the_mxfp4_model_plus_one_fp8_layer_and_bytes_match_cpu(tmp
     on_cpu = load_moe_layers(tmp_path, config).layers[3]
     assert torch.equal(model.layers[3].w13.data.cpu(), on_cpu.w13.data)
     assert torch.equal(model.layers[3].w2.scales.cpu(), on_cpu.w2.scales)
+
+
+def test_a_loaded_layer_serves_the_moe_block_close_to_its_fp8_weights(checkpoint):
+    """The ROCm path end to end: route, then MXFP4 experts with fp8 activations (a8w4),
+    against the same layer served from its stored FP8 experts with bf16 activations."""
+    path, _ = checkpoint
+    mxfp4 = load_moe_layers(path, CONFIG).layers[2]
+    fp8 = load_moe_layers(path, CONFIG, expert_format="fp8_block128").layers[2]
+    x = torch.randn(16, CONFIG.hidden_size, generator=torch.Generator().manual_seed(3))
+    logits = x @ mxfp4.router_weight.T
+    weights, ids = route(logits, 4, "sigmoid", 4, 2, mxfp4.e_score_correction_bias)
+    x = x.bfloat16()
+    served = experts(x, mxfp4.w13, mxfp4.w2, ids, weights, "a8w4", mxfp4.shared_experts)
+    stored = experts(x, fp8.w13, fp8.w2, ids, weights, "bf16", fp8.shared_experts)
+    error = ((served.float() - stored.float()).norm() / stored.float().norm()).item()
+    assert 0.01 < error < 0.25  # MXFP4 weights and fp8 activations: the a8w4 tests' class
