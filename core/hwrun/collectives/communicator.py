@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -159,7 +159,7 @@ class TorchDistributedCommunicator(Communicator):
     def barrier(self) -> None:
         self._run("barrier", None, lambda: dist.barrier(group=self._group))
 
-    def _run(self, name: str, x: torch.Tensor | None, call) -> None:
+    def _run(self, name: str, x: torch.Tensor | None, call: Callable[[], object]) -> None:
         try:
             call()
         except Exception as exc:  # gloo raises RuntimeError subclasses with C++ context
