@@ -139,7 +139,13 @@ def topk_rows(ceil, tune, log):
 
         cfg = {}
         if tune and r > 1:
-            grid = [{"block": b, "num_warps": nw} for b in (2048, 4096, 8192) for nw in (8, 16, 32)]
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            grid = [
+                {"block": b, "num_warps": nw, "chunks": c * sms // r}
+                for b in (2048, 4096)
+                for nw in (4, 8)
+                for c in (2, 4, 8)
+            ]
             cfg = _tune(f"topk R={r}", run, grid, log)
         us = bench(lambda cfg=cfg: run(**cfg))
         peers = {"torch.topk": bench(lambda x=logits: torch.topk(x, 2048, dim=1))}
@@ -178,15 +184,12 @@ def sparse_mla_rows(ceil, tune, log):
                 grid = [
                     {"block_h": bh, "block_n": bn, "v_parts": vp, "num_warps": nw, "num_stages": st}
                     for bh, bn, vp, nw, st in (
-                        (64, 64, 4, 8, 2),
-                        (64, 64, 4, 8, 1),
-                        (64, 32, 4, 8, 2),
-                        (64, 64, 2, 8, 2),
-                        (64, 64, 2, 4, 2),
-                        (32, 64, 4, 4, 2),
-                        (64, 32, 2, 4, 3),
                         (128, 32, 2, 8, 2),
-                        (64, 64, 4, 4, 2),
+                        (128, 32, 2, 8, 3),
+                        (128, 64, 2, 8, 2),
+                        (128, 16, 2, 8, 2),
+                        (128, 32, 2, 4, 2),
+                        (64, 32, 2, 4, 2),
                     )
                 ]
                 cfg = _tune(f"sparse_mla {fmt} B={batch}", run, grid, log)

@@ -10,7 +10,7 @@ from hwrun.ops.topk import topk as reference
 
 
 def _check(logits, starts, ends, k):
-    got = topk(logits, starts, ends, k, block=256, num_warps=4)
+    got = topk(logits, starts, ends, k, block=256, num_warps=4, chunks=3, gather_block=256)
     want = reference(logits, starts, ends, k)
     assert got.shape == want.shape and got.dtype == torch.int32
     for r in range(logits.shape[0]):
@@ -37,7 +37,7 @@ def test_topk_short_and_empty_rows_pad_with_minus_one():
     logits = torch.randn(3, 300)
     starts = torch.tensor([0, 100, 50], dtype=torch.int32)
     ends = torch.tensor([20, 100, 64], dtype=torch.int32)
-    got = topk(logits, starts, ends, 32, block=128, num_warps=4)
+    got = topk(logits, starts, ends, 32, block=128, num_warps=4, gather_block=128)
     assert got[0].tolist() == [*range(20), *([-1] * 12)]
     assert got[1].tolist() == [-1] * 32
     assert sorted(got[2].tolist()[:14]) == list(range(14)) and got[2, 14:].eq(-1).all()

@@ -127,7 +127,7 @@ def logits_paged(
     max_ctx: int,
     splits: int | None = None,
     num_warps: int = 4,
-    num_stages: int = 3,
+    num_stages: int = 4,
 ) -> torch.Tensor:  # [B * n, max_ctx] float32, -inf past each row's length
     B, n = q.shape[0], q.shape[1]
     H = _check_common(q, weights, fmt, B * n, "logits_paged")
@@ -153,7 +153,8 @@ def logits_paged(
     num_ctx_blocks = triton.cdiv(max_ctx, block_size)
     if splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        splits = max(1, min(num_ctx_blocks, triton.cdiv(4 * sms, B)))
+        # ~8 programs per multiprocessor: the best of a grid on the H200 (bench/gpu_ops.py --tune).
+        splits = max(1, min(num_ctx_blocks, triton.cdiv(8 * sms, B)))
     if block_size & (block_size - 1):
         raise ValueError(f"logits_paged: block_size must be a power of two, got {block_size}")
     q_fp8 = q.dtype == torch.float8_e4m3fn

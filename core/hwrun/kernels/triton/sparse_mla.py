@@ -170,9 +170,9 @@ def decode(
     topk_length: torch.Tensor | None = None,  # [B, s] int32
     attn_sink: torch.Tensor | None = None,  # [H] float32
     latent_scale: float | None = None,
-    block_h: int = 64,
-    block_n: int = 64,
-    v_parts: int = 4,
+    block_h: int = 128,
+    block_n: int = 32,
+    v_parts: int = 2,
     splits: int | None = None,
     num_warps: int = 8,
     num_stages: int = 2,
