@@ -214,6 +214,7 @@ def test_each_token_is_its_weighted_experts_sum():
         ({"ids": torch.zeros(3, 2)}, "ids must be an integer tensor [T, k] with T = 3"),
         ({"weights": torch.zeros(3, 3)}, "weights must be a float tensor [T, k] = [3, 2]"),
         ({"activation_mode": "a16w4"}, "activation_mode must be one of"),
+        ({"w2": torch.zeros(4, 128, 128)}, "w2 must be a QuantizedWeight, got Tensor"),
         ({"activation_mode": "a8w4"}, "runs on mxfp4 weights, but w13 is bf16"),
         (
             {"shared_experts": small_weights(experts_=1)},

@@ -107,6 +107,20 @@ def _check_experts_args(
     shared: tuple[QuantizedWeight, QuantizedWeight] | None,
 ) -> None:
     """Every reason the call cannot run, raised at once."""
+    labelled = {"w13": w13, "w2": w2}
+    if shared is not None:
+        if not isinstance(shared, tuple | list) or len(shared) != 2:
+            raise ValueError(
+                "moe.experts: shared_experts must be a pair (w13 [2Is, D], w2 [D, Is]) of "
+                f"QuantizedWeight, got {type(shared).__name__}"
+            )
+        labelled.update({"shared w13": shared[0], "shared w2": shared[1]})
+    for label, weight in labelled.items():
+        if not isinstance(weight, QuantizedWeight):
+            raise ValueError(
+                f"moe.experts: {label} must be a QuantizedWeight, got {type(weight).__name__}; "
+                "wrap a plain tensor with quantize_weight(w, 'bf16')"
+            )
     if x.dim() != 2 or not x.is_floating_point():
         raise ValueError(
             f"moe.experts: x must be a float tensor [T, D], got {x.dtype} {list(x.shape)}"
