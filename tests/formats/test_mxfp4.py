@@ -50,6 +50,7 @@ def mx_cases(gen) -> torch.Tensor:
     x[1, 96:128] = 2.0**-130  # subnormal amax
     x[2, :32] = torch.arange(32) * 0.25 - 4  # ties at every midpoint
     x[2, 32:64] = 1e36  # huge values
+    x[5, :4] = torch.tensor([math.inf, 1.0, -math.inf, -1.0])  # infinities saturate to +/-6
     return x
 
 
