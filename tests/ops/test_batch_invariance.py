@@ -183,3 +183,33 @@ def test_cache_writes_per_token():
                 alone, latent[i : i + 1, :512], latent[i : i + 1, 512:], slots[i : i + 1], fmt
             )
             assert torch.equal(alone.view(16, -1)[slot], together.view(16, -1)[slot])
+
+
+def test_strided_inputs_give_the_same_bits_as_contiguous_ones():
+    # Vendor glue often hands over views (a head slice, a transposed buffer); the result of a
+    # row must not depend on the memory layout of its inputs either.
+    wide_q = _randn(4, 9, 600, seed=19)
+    q = wide_q[:, 1:7, :576]  # [4, 6, 576], non-contiguous
+    kv, idx = (
+        _randn(50, 576, seed=20),
+        torch.randint(-1, 50, (4, 12), generator=torch.Generator().manual_seed(3)).int(),
+    )
+    out = sparse_mla.prefill(q, kv, idx, 0.04)
+    ref = sparse_mla.prefill(q.contiguous(), kv, idx, 0.04)
+    assert not mismatched_rows(out, [tuple(x[r : r + 1] for x in ref) for r in range(4)])
+    qi = _randn(5, 128, 3, seed=21).transpose(1, 2)  # [5, 3, 128], non-contiguous
+    w = _randn(3, 5, seed=22).T
+    elements, scales = INDEX_KEY_FORMATS["bf16"].encode(_randn(20, 128, seed=23))
+    ks, ke = torch.zeros(5, dtype=torch.int32), torch.full((5,), 20, dtype=torch.int32)
+    out = indexer.logits_ragged(qi, w, elements, scales, "bf16", ks, ke)
+    ref = indexer.logits_ragged(qi.contiguous(), w.contiguous(), elements, scales, "bf16", ks, ke)
+    assert torch.equal(_bits(out), _bits(ref))
+    b, t, h, kd, vd = 2, 7, 2, 8, 4
+    wide = _randn(b, t, h, kd + 3, seed=24)
+    q, k = wide[..., :kd], torch.nn.functional.normalize(_randn(b, t, h, kd, seed=25), dim=-1)
+    v, g, beta = _randn(b, t, h, vd, seed=26), -torch.rand(b, t, h, kd) * 0.2, torch.rand(b, t, h)
+    state = _randn(b, h, vd, kd, seed=27).transpose(-1, -2)  # [B, HV, K, V] value-major in memory
+    for fn in (kda.step, kda.chunk):
+        out = fn(q, k, v, g, beta, state)
+        ref = fn(q.contiguous(), k, v, g, beta, state.contiguous())
+        assert all(torch.equal(_bits(x), _bits(y)) for x, y in zip(out, ref, strict=True))

@@ -72,6 +72,8 @@ def _row_scores(
     w: torch.Tensor,  # [H] float32
     keys: torch.Tensor,  # [n, D] float32
 ) -> torch.Tensor:  # [n] float32
+    # Fresh contiguous copies: the same bits whatever batch, layout or offset the row came from.
+    q, w, keys = (x.clone(memory_format=torch.contiguous_format) for x in (q, w, keys))
     dots = torch.relu(q @ keys.T)  # [H, n]
     return (w[:, None] * dots).sum(dim=0)
 
@@ -136,7 +138,7 @@ def logits_ragged(
     qf, wf = q.float(), weights
     for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
         if e > s:
-            out[i, s:e] = _row_scores(qf[i].clone(), wf[i].clone(), keys[s:e].contiguous())
+            out[i, s:e] = _row_scores(qf[i], wf[i], keys[s:e])
     return out
 
 
@@ -210,9 +212,7 @@ def logits_paged(
         for j, length in enumerate(row_lens):
             if length:
                 row = b * next_n + j
-                out[row, :length] = _row_scores(
-                    qf[b, j].clone(), weights[row].clone(), keys[:length].contiguous()
-                )
+                out[row, :length] = _row_scores(qf[b, j], weights[row], keys[:length])
     return out
 
 

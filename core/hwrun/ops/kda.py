@@ -58,9 +58,13 @@ def _prepare(q, k, v, g, beta, state, scale):
     if scale is None:
         scale = key_dim**-0.5
     group = value_heads // heads
-    qf = q.float().repeat_interleave(group, dim=2) * scale  # [B, T, HV, K]
-    kf = k.float().repeat_interleave(group, dim=2)
-    return qf, kf, v.float(), g.float(), beta.float(), state.clone()
+
+    def fresh(x: torch.Tensor) -> torch.Tensor:  # fp32, contiguous: sums see one layout
+        return x.float().clone(memory_format=torch.contiguous_format)
+
+    qf = fresh(q).repeat_interleave(group, dim=2) * scale  # [B, T, HV, K]
+    kf = fresh(k).repeat_interleave(group, dim=2)
+    return qf, kf, fresh(v), fresh(g), fresh(beta), fresh(state)
 
 
 def step(

@@ -96,11 +96,11 @@ def _run_rows(
     lse = torch.empty(rows, heads, dtype=torch.float32, device=q_rows.device)
     sink = None if attn_sink is None else attn_sink.float()
     for r in range(rows):
-        # Fresh contiguous copies: the row's math sees the same shapes and memory alignment
-        # whatever batch it came from.
+        # Fresh contiguous copies: the row's math sees the same shapes, layout and alignment
+        # whatever batch or view it came from.
         entries = entry_of[r][valid[r]]
-        kv = kv_rows[entries].contiguous()
-        q = q_rows[r].float().contiguous().clone()
+        kv = kv_rows[entries].clone(memory_format=torch.contiguous_format)
+        q = q_rows[r].float().clone(memory_format=torch.contiguous_format)
         out[r], lse[r] = _attend_row(q, kv, float(softmax_scale), sink)
     return out, lse
 
