@@ -193,6 +193,9 @@ def sparse_mla_rows(ceil, tune, log):
                     )
                 ]
                 cfg = _tune(f"sparse_mla {fmt} B={batch}", run, grid, log)
+            if tune and batch == 1:
+                grid = [{"splits": sp} for sp in (4, 8, 16, 32, 64)]
+                cfg = _tune(f"sparse_mla {fmt} B={batch}", run, grid, log)
             us = bench(lambda run=run, cfg=cfg: run(**cfg))
             peers = {}
             if fmt == "fp8_ds_mla" and HAS_FLASHMLA:

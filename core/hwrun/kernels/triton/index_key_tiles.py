@@ -70,12 +70,67 @@ def fp8_key_scores(elem_rows, scale_rows, n_mask, qt, Q_FP8: tl.constexpr, WIDE:
     return tl.dot(keys, qt) * scale[:, None]
 
 
+def _use_ptx_unpack() -> bool:
+    import torch
+
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    return not interpreting and torch.version.cuda is not None and torch.version.hip is None
+
+
+# On NVIDIA, 4 packed bytes become 8 e4m3 bytes in ~20 instructions: byte permutes (prmt)
+# against a 16-byte table of the e4m3 codes of the eight e2m1 magnitudes, sign bits moved by
+# a shift and a mask. The arithmetic version (_e2m1_as_e4m3_bits) costs ~6x more issue slots,
+# which made the mxfp4 kernel instruction-bound (ncu: 72% SM busy, 10% DRAM) on the H200.
+UNPACK_PTX = tl.constexpr(_use_ptx_unpack())
+_UNPACK_ASM = tl.constexpr(
+    """
+{
+.reg .b32 t, s, sel, m, g, la, lb;
+mov.b32 la, 0x3C383000;
+mov.b32 lb, 0x4C484440;
+and.b32 t, $2, 0x07070707;
+shr.b32 s, t, 4;
+or.b32 s, s, t;
+and.b32 sel, s, 0xFF;
+shr.b32 s, s, 8;
+and.b32 s, s, 0xFF00;
+or.b32 sel, sel, s;
+prmt.b32 m, la, lb, sel;
+shl.b32 g, $2, 4;
+and.b32 g, g, 0x80808080;
+or.b32 $0, m, g;
+shr.b32 t, $2, 4;
+and.b32 t, t, 0x07070707;
+shr.b32 s, t, 4;
+or.b32 s, s, t;
+and.b32 sel, s, 0xFF;
+shr.b32 s, s, 8;
+and.b32 s, s, 0xFF00;
+or.b32 sel, sel, s;
+prmt.b32 m, la, lb, sel;
+and.b32 g, $2, 0x80808080;
+or.b32 $1, m, g;
+}
+"""
+)
+
+
 @triton.jit
 def _mxfp4_group(elem_rows, n_mask, g: tl.constexpr, Q_FP8: tl.constexpr, WIDE: tl.constexpr):
     b = g * 16 + tl.arange(0, 16)
     packed = tl.load(elem_rows[:, None] + b[None, :], mask=n_mask[:, None], other=0)
-    lo = _e2m1_as_e4m3_bits(packed & 15)  # element 2i
-    hi = _e2m1_as_e4m3_bits(packed >> 4)  # element 2i + 1
+    if UNPACK_PTX:
+        lo, hi = tl.inline_asm_elementwise(
+            _UNPACK_ASM,
+            "=r,=r,r",
+            [packed],
+            dtype=(tl.uint8, tl.uint8),
+            is_pure=True,
+            pack=4,
+        )
+    else:
+        lo = _e2m1_as_e4m3_bits(packed & 15)  # element 2i
+        hi = _e2m1_as_e4m3_bits(packed >> 4)  # element 2i + 1
     pairs = tl.join(lo, hi)  # [BLOCK_N, 16, 2]: natural element order once flattened
     keys = tl.reshape(pairs, (pairs.shape[0], 32)).to(tl.float8e4nv, bitcast=True)
     if not Q_FP8:

@@ -72,7 +72,8 @@ def combine_parts(
     if P == 0 or D == 0:
         return out, lse
     block_d = triton.next_power_of_2(D)
-    block_p = max(1, min(16, 4096 // block_d))
+    # Few rows (decode at batch 1): one row per program so every multiprocessor gets work.
+    block_p = 1 if P < 4096 else max(1, min(16, 4096 // block_d))
     _lse_combine_kernel[(triton.cdiv(P, block_p),)](
         outs.contiguous(),
         lses.contiguous(),

@@ -36,8 +36,9 @@ def _sortable_key(x):
 
 @triton.jit
 def _select(state_ptr, hist_ptr, row, R, k, shift):
-    """The selection state after the histogram of digit ``shift`` (prefix of the k-th key's
-    bits, mask of the bits fixed, keys still to take at the prefix, done)."""
+    """The selection state after the histogram of digit ``shift``: prefix of the k-th key's
+    bits, mask of the bits fixed, keys still to take at the prefix, and a flag: 0 searching,
+    1 done with every key at the prefix taken, 2 done with ties at the full key to cut."""
     base = state_ptr + row * 4
     prefix = tl.load(base).to(tl.uint32, bitcast=True)
     hmask = tl.load(base + 1).to(tl.uint32, bitcast=True)
@@ -55,7 +56,7 @@ def _select(state_ptr, hist_ptr, row, R, k, shift):
     new_remaining = remaining - above
     new_prefix = prefix | (chosen.to(tl.uint32) << shift)
     new_hmask = hmask | (tl.full((), 0xFF, tl.uint32) << shift)
-    new_done = ((in_bin == new_remaining) | (shift == 0)).to(tl.int32)
+    new_done = tl.where(in_bin == new_remaining, 1, tl.where(shift == 0, 2, 0))
     prefix = tl.where(searching, new_prefix, prefix)
     hmask = tl.where(searching, new_hmask, hmask)
     remaining = tl.where(searching, new_remaining, remaining)
@@ -130,51 +131,64 @@ def _gather_pass(
     state_ptr,  # [PASSES + 1, R, 4] int32
     hist_ptr,  # [PASSES, R, 256] int32
     out_ptr,  # [R, k] int32
+    counter_ptr,  # [R, 2] int32, zeroed
     row_stride,
     R,
     L,
     k,
+    chunk,
     BLOCK: tl.constexpr,
     K_BLOCK: tl.constexpr,
     LAST: tl.constexpr,
 ):
+    """Keys above the threshold prefix go anywhere in [0, k - remaining), keys at it after
+    them, each to a slot from a per-row atomic counter (the contract compares sets). When the
+    threshold is a full key with more ties than slots, _tie_pass places the ties instead."""
     row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
     start = tl.load(starts_ptr + row)
     end = tl.load(ends_ptr + row)
-    length = end - start
     out_row = out_ptr + row * k
-    if length <= k:
-        # Short row: every position, in order, then -1 padding (the reference's rule).
-        for o in range(0, k, K_BLOCK):
-            ko = o + tl.arange(0, K_BLOCK)
-            tl.store(out_row + ko, tl.where(ko < length, ko, -1), mask=ko < k)
+    if end - start <= k:
+        if part == 0:
+            # Short row: every position, in order, then -1 padding (the reference's rule).
+            for o in range(0, k, K_BLOCK):
+                ko = o + tl.arange(0, K_BLOCK)
+                tl.store(out_row + ko, tl.where(ko < end - start, ko, -1), mask=ko < k)
     else:
-        prefix, hmask, remaining, _ = _select(
+        prefix, hmask, remaining, flag = _select(
             state_ptr + LAST * R * 4, hist_ptr + LAST * R * 256, row, R, k, 0
         )
-        # Keys above the prefix anywhere in [0, k - remaining), keys equal to it after them
-        # in index order (smallest index wins a tie).
         row_ptr = logits_ptr + row * row_stride
         offs = tl.arange(0, BLOCK)
-        n_above = 0
-        n_equal = 0
-        base_eq = k - remaining
-        first = (start // 16) * 16
-        for o in range(first, L, BLOCK):
+        zeros = tl.zeros((BLOCK,), tl.int32)
+        lo = part * chunk
+        hi = tl.minimum(lo + chunk, L)
+        for o in range(lo, hi, BLOCK):
             idx = tl.multiple_of(o, 16) + offs
-            valid = (idx >= start) & (idx < end)
+            valid = (idx >= start) & (idx < end) & (idx < hi)
             key = _sortable_key(tl.load(row_ptr + idx, mask=idx < L, other=0.0))
-            hi = key & hmask
-            is_above = valid & (hi > prefix)
-            is_equal = valid & (hi == prefix)
-            above_rank = n_above + tl.cumsum(is_above.to(tl.int32), 0) - 1
-            equal_rank = n_equal + tl.cumsum(is_equal.to(tl.int32), 0) - 1
+            top = key & hmask
+            is_above = valid & (top > prefix)
+            is_equal = valid & (top == prefix) & (flag == 1)
             rel = idx - start
-            tl.store(out_row + above_rank, rel, mask=is_above)
-            take_eq = is_equal & (equal_rank < remaining)
-            tl.store(out_row + base_eq + equal_rank, rel, mask=take_eq)
-            n_above += tl.sum(is_above.to(tl.int32), 0)
-            n_equal += tl.sum(is_equal.to(tl.int32), 0)
+            slot = tl.atomic_add(counter_ptr + row * 2 + zeros, 1, mask=is_above, sem="relaxed")
+            tl.store(out_row + slot, rel, mask=is_above)
+            slot = tl.atomic_add(counter_ptr + row * 2 + 1 + zeros, 1, mask=is_equal, sem="relaxed")
+            tl.store(out_row + (k - remaining) + slot, rel, mask=is_equal)
+        if (part == 0) & (flag == 2):
+            # Ties at the full key: the smallest indices win, in one ordered sweep.
+            n_equal = 0
+            first = (start // 16) * 16
+            for o in range(first, L, BLOCK):
+                idx = tl.multiple_of(o, 16) + offs
+                valid = (idx >= start) & (idx < end)
+                key = _sortable_key(tl.load(row_ptr + idx, mask=idx < L, other=0.0))
+                is_equal = valid & (key == prefix)
+                rank = n_equal + tl.cumsum(is_equal.to(tl.int32), 0) - 1
+                take = is_equal & (rank < remaining)
+                tl.store(out_row + (k - remaining) + rank, idx - start, mask=take)
+                n_equal += tl.sum(is_equal.to(tl.int32), 0)
 
 
 def topk(
@@ -222,10 +236,13 @@ def topk(
     args = (logits, starts_c, ends_c, state, hist, logits.stride(0), R, L, k)
     for p in range(PASSES):
         _histogram_pass[(R, chunks)](*args, chunk, PASS=p, BLOCK=block, num_warps=num_warps)
-    _gather_pass[(R,)](
+    counters = torch.zeros((R, 2), dtype=torch.int32, device=logits.device)
+    _gather_pass[(R, chunks)](
         *args[:5],
         out,
+        counters,
         *args[5:],
+        chunk,
         BLOCK=gather_block,
         K_BLOCK=min(triton.next_power_of_2(k), 4096),
         LAST=PASSES - 1,
