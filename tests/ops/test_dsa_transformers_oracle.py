@@ -151,7 +151,7 @@ def test_sparse_attention_matches_transformers_layer():
     values = torch.einsum("shc,hvc->shv", out, w_uv).reshape(SEQ, HEADS * 32)
     ours = values @ attn.o_proj.weight.float().T
     err = (ours - tf_out.float()).norm() / tf_out.float().norm()
-    assert err < 2e-2, err
+    assert err < 1e-2, err  # measured 3.5e-3: bf16 layer vs fp32 reference
 
     # Decode of the last 3 tokens (next_n = 3) from a bf16 latent page cache equals the prefill
     # rows bit for bit: the cache holds the same bf16 latents and each row is computed alike.
