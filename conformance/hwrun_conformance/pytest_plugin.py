@@ -108,7 +108,7 @@ def conformance_plugins():
 def run_planned(request: pytest.FixtureRequest, case: PlannedCase, worker, plugins) -> None:
     """Run one planned case and turn its status into the pytest outcome."""
     from hwrun_conformance.known_failures import KNOWN_FAILURES
-    from hwrun_conformance.runner import _judge, claims_batch_invariance
+    from hwrun_conformance.runner import claims_batch_invariance, judge
     from hwrun_conformance.status import Status
 
     if case.decided is not None:
@@ -116,19 +116,10 @@ def run_planned(request: pytest.FixtureRequest, case: PlannedCase, worker, plugi
     else:
         job = case.job
         timeout = _option(request.config, "hwrun_timeout", DEFAULT_TIMEOUT_S)
-        reply = worker.run(
-            {
-                "platform": job.platform,
-                "impl": job.impl.name,
-                "op": job.case.op,
-                "case": job.case.name,
-                "device": job.device,
-            },
-            timeout,
-        )
+        reply = worker.run(job.request(), timeout)
         claims = plugins.capabilities(job.platform)
         claimed = claims_batch_invariance(claims.features, job.case.op)
-        result = _judge(job, reply, claimed, KNOWN_FAILURES)
+        result = judge(job, reply, claimed, KNOWN_FAILURES)
     request.config.stash[_RESULTS_KEY].append(result)
     message = f"{result.status}: {result.reason}" if result.reason else str(result.status)
     if result.status == Status.NOT_SUPPORTED:

@@ -56,6 +56,16 @@ class Job:
     impl: OpImpl
     device: str
 
+    def request(self) -> dict[str, str]:
+        """What the worker needs to rebuild and run this job (names only)."""
+        return {
+            "platform": self.platform,
+            "impl": self.impl.name,
+            "op": self.case.op,
+            "case": self.case.name,
+            "device": self.device,
+        }
+
 
 @dataclass
 class RunOptions:
@@ -150,16 +160,9 @@ def run(
             for result in platform_plan.decided:
                 emit(result)
             for job in platform_plan.jobs:
-                request = {
-                    "platform": job.platform,
-                    "impl": job.impl.name,
-                    "op": job.case.op,
-                    "case": job.case.name,
-                    "device": job.device,
-                }
-                reply = worker.run(request, options.timeout)
+                reply = worker.run(job.request(), options.timeout)
                 claimed = claims_batch_invariance(claims.features, job.case.op)
-                emit(_judge(job, reply, claimed, options.known_failures))
+                emit(judge(job, reply, claimed, options.known_failures))
             platform_results = results[start:]
             for row in audit(plugins, platform, claims, platform_results, options.ops):
                 emit(row)
@@ -182,7 +185,10 @@ def conformant(results: list[Result], platform: str, accept_known_failures: bool
     return all(r.status in allowed for r in results if r.platform == platform and r.must_pass)
 
 
-def _judge(job: Job, reply: Reply, batch_claimed: bool, known: tuple[KnownFailure, ...]) -> Result:
+def judge(job: Job, reply: Reply, batch_claimed: bool, known: tuple[KnownFailure, ...]) -> Result:
+    """The final status of one job from the worker's reply: CRASH/TIMEOUT as they came, the
+    verdict's PASS/FAIL, a failed BATCH case not claimed -> NOT_SUPPORTED, a failed advisory
+    case -> QUALITY_WARNING, a broken case with a known-failure entry -> KNOWN_FAILURE."""
     case = job.case
     base = Result(
         platform=job.platform,

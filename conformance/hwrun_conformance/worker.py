@@ -88,13 +88,11 @@ class WorkerClient:
         self._spare: _Worker | None = None
 
     def start(self) -> None:
-        """Make sure a worker (and a spare) are starting; they load torch while the caller plans."""
+        """Make sure a worker is starting (it loads torch while the caller plans)."""
         if self._active is None or not self._active.alive():
             if self._active is not None:
                 self._active.release()
             self._active, self._spare = self._spare or _Worker(), None
-        if self._spare is None:
-            self._spare = _Worker()
 
     def run(self, request: dict[str, Any], timeout: float) -> Reply:
         self.start()
@@ -105,6 +103,9 @@ class WorkerClient:
             if hello.kind != "verdict":
                 return Reply(hello.kind, reason=f"worker did not start: {hello.reason}")
             worker.ready = True
+        if self._spare is None:
+            # Started only once the active worker is up, so the two imports never compete.
+            self._spare = _Worker()
         started = time.monotonic()
         try:
             worker.proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -116,20 +117,25 @@ class WorkerClient:
         return Reply(reply.kind, reply.verdict, reply.reason, time.monotonic() - started)
 
     def close(self) -> None:
-        for worker in (self._active, self._spare):
-            if worker is None:
-                continue
-            if worker.alive():
-                assert worker.proc.stdin is not None
-                with contextlib.suppress(OSError):
-                    worker.proc.stdin.close()  # end of input ends the worker's loop
-                try:
-                    worker.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    worker.kill()
-                    continue
-            worker.release()
+        if self._spare is not None:
+            self._spare.kill()  # it has no work; it may still be importing torch
+        if self._active is not None:
+            self._stop(self._active)
         self._active = self._spare = None
+
+    @staticmethod
+    def _stop(worker: _Worker) -> None:
+        """End an idle worker by closing its input; kill it if it does not exit."""
+        if worker.alive():
+            assert worker.proc.stdin is not None
+            with contextlib.suppress(OSError):
+                worker.proc.stdin.close()  # end of input ends the worker's loop
+            try:
+                worker.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                return
+        worker.release()
 
     def _read(self, worker: _Worker, timeout: float) -> Reply:
         assert worker.proc.stdout is not None

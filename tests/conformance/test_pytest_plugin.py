@@ -1,53 +1,72 @@
-"""The same cases under pytest: `pytest -p hwrun_conformance.pytest_plugin --pyargs ...`."""
+"""The same cases under pytest: `pytest -p hwrun_conformance.pytest_plugin --pyargs ...`.
+
+Run in-process (``pytest.main``) to spare a torch import; the cases still run in the worker.
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 PLUGIN_DIR = Path(__file__).parent / "plugins"
 
 
-def _pytest(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfs"]
-    command += ["-p", "hwrun_conformance.pytest_plugin", "--pyargs", "hwrun_conformance", *args]
-    return subprocess.run(
-        command, cwd=tmp_path, env={**os.environ, **(env or {})}, capture_output=True, text=True
+def _pytest(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
+    """Run the inner session from the current directory (a tmp dir: no ini file there)."""
+    code = pytest.main(
+        [
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-rfs",
+            "-p",
+            "hwrun_conformance.pytest_plugin",
+            "--pyargs",
+            "hwrun_conformance",
+            *args,
+        ]
     )
+    return int(code), capsys.readouterr().out
 
 
-def test_reference_cases_pass_under_pytest(tmp_path: Path) -> None:
-    run = _pytest(
-        tmp_path, "--hwrun-platform", "reference", "--hwrun-ops", "attn.*", "--hwrun-quick"
+def test_reference_cases_pass_under_pytest(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out = _pytest(
+        capsys, "--hwrun-platform", "reference", "--hwrun-ops", "attn.*", "--hwrun-quick"
     )
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "10 passed" in run.stdout  # 9 attn.lse_combine cases + the capability audit
+    assert code == 0, out
+    assert "10 passed" in out  # 9 attn.lse_combine cases + the capability audit
 
 
-def test_wrong_platform_fails_exactly_its_wrong_cases(tmp_path: Path) -> None:
-    env = {
-        "HWRUN_PLUGINS": "hwrun_wrong_platform",
-        "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")]),
-    }
-    run = _pytest(
-        tmp_path,
+def test_wrong_platform_fails_exactly_its_wrong_cases(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HWRUN_PLUGINS", "hwrun_wrong_platform")
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")])
+    )
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
+    code, out = _pytest(
+        capsys,
         "--hwrun-platform",
         "wrong",
         "--hwrun-ops",
         "indexer.topk",
         "--hwrun-quick",
-        env=env,
     )
-    assert run.returncode == 1, run.stdout + run.stderr
+    assert code == 1, out
     failed = sorted(
         line.split("::", 1)[1].split(" ")[0]
-        for line in run.stdout.splitlines()
+        for line in out.splitlines()
         if line.startswith("FAILED")
     )
     expected = [
         f"test_case[wrong:indexer.topk/{n}[broken]]"
         for n in ("inf_nan", "random", "relu_ties", "short_rows")
     ]
-    assert failed == sorted([*expected, "test_capabilities[wrong]"]), run.stdout
+    assert failed == sorted([*expected, "test_capabilities[wrong]"]), out
