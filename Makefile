@@ -1,5 +1,6 @@
-# The two commands of the README's quick start: `make conformance` (the main job for now) and
-# `make test`. Both create .venv on first use and install everything into it.
+# The two commands of the README's quick start: `make conformance` (the main job: every installed
+# platform against the reference, report in reports/) and `make test`. Both create .venv on first
+# use and install everything into it.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -27,7 +28,14 @@ platforms: $(STAMP)
 	$(BIN)/hwrun platforms
 	$(BIN)/hwrun ops
 
-conformance: platforms
+conformance: $(STAMP)
+	$(BIN)/hwrun platforms
+	$(BIN)/hwrun conformance --platform all --report reports
+
+# CPU benchmarks; the GPU one (bench/gpu_ops.py) runs on a CUDA machine, see docs/benchmarks.md.
+bench: $(STAMP)
+	$(BIN)/python bench/formats_cpu.py
+	$(BIN)/python bench/collectives.py
 
 clean:
 	rm -rf $(VENV) reports .pytest_cache .ruff_cache .hypothesis
