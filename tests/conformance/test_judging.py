@@ -1,0 +1,104 @@
+"""Status rules (advisory, batch claims, known failures) and the report files, on synthetic rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from hwrun.registry import OpImpl, OpSpec
+from hwrun_conformance.case import BATCH, Case, Check, Sample
+from hwrun_conformance.known_failures import KnownFailure, load_known_failures
+from hwrun_conformance.report import summary_markdown, write_reports
+from hwrun_conformance.runner import (
+    Job,
+    Result,
+    claims_batch_invariance,
+    conformant,
+    judge,
+)
+from hwrun_conformance.status import Status
+from hwrun_conformance.tolerances import Relaxation, Tolerance, tolerance_for
+from hwrun_conformance.worker import Reply
+
+
+def _job(name: str = "c", kind: str = "accuracy", must_pass: bool = True) -> Job:
+    case = Case(
+        op="attn.lse_combine",
+        name=name,
+        spec=OpSpec(op="attn.lse_combine"),
+        build=lambda g: Sample({}, ()),
+        checks={"out": Check("allclose")},
+        kind=kind,
+        must_pass=must_pass,
+    )
+    impl = OpImpl(op=case.op, name="k", platform="p", fn=lambda: None)
+    return Job("p", case, impl, "cpu")
+
+
+FAILED = Reply("verdict", {"passed": False, "metric": "out:allclose", "value": 3.0, "reason": "x"})
+PASSED = Reply("verdict", {"passed": True, "metric": "out:allclose", "value": 0.1})
+
+
+def test_advisory_failure_is_a_quality_warning_and_still_conformant() -> None:
+    result = judge(_job(must_pass=False), FAILED, False, ())
+    assert result.status == Status.QUALITY_WARNING
+    assert conformant([result], "p")
+
+
+def test_batch_variance_fails_only_when_claimed() -> None:
+    assert judge(_job(kind=BATCH), FAILED, True, ()).status == Status.FAIL
+    unclaimed = judge(_job(kind=BATCH), FAILED, False, ())
+    assert unclaimed.status == Status.NOT_SUPPORTED and "not claimed" in unclaimed.reason
+    assert claims_batch_invariance(frozenset({"batch_invariant"}), "moe.route")
+    assert claims_batch_invariance(frozenset({"batch_invariant:indexer.*"}), "indexer.topk")
+    assert not claims_batch_invariance(frozenset({"batch_invariant:indexer.*"}), "moe.route")
+
+
+def test_known_failures_apply_to_broken_cases_only() -> None:
+    entry = KnownFailure("p", "attn.*", "c*", "tracked in #1")
+    crashed = judge(_job(), Reply("crash", reason="worker killed by SIGSEGV"), False, (entry,))
+    assert crashed.status == Status.KNOWN_FAILURE and "#1" in crashed.reason
+    assert "SIGSEGV" in crashed.reason
+    assert not conformant([crashed], "p") and conformant([crashed], "p", accept_known_failures=True)
+    passed = judge(_job(), PASSED, False, (entry,))
+    assert passed.status == Status.PASS and "known-failure entry" in passed.reason
+    assert judge(_job("other"), FAILED, False, (entry,)).status == Status.FAIL
+
+
+def test_known_failures_file_needs_every_field(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text('[[known_failure]]\nplatform="p"\nop="*"\ncase="*"\nreason="why"\n')
+    assert load_known_failures(good) == (KnownFailure("p", "*", "*", "why"),)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[known_failure]]\nplatform="p"\nop="*"\ncase="*"\n')
+    with pytest.raises(ValueError, match="reason"):
+        load_known_failures(bad)
+
+
+def test_relaxations_win_and_carry_their_reason() -> None:
+    relax = Relaxation("amd", "attn.*", "out", "bfloat16", Tolerance(1.0, 0.1, 0.1), "FNUZ")
+    assert tolerance_for("amd", "attn.lse_combine", "out", "bfloat16", (relax,))[1] == "FNUZ"
+    assert tolerance_for("nvidia", "attn.lse_combine", "out", "bfloat16", (relax,))[1] is None
+
+
+def test_reports_hold_every_row(tmp_path: Path) -> None:
+    rows = [
+        Result("p", "attn.lse_combine", "a", Status.PASS, impl="k", value=0.5, threshold=1.0),
+        Result("p", "attn.lse_combine", "b", Status.FAIL, impl="k", value=float("inf")),
+        Result("q", "attn.lse_combine", "a", Status.NOT_SUPPORTED, reason="q: no | kernel"),
+    ]
+    write_reports(rows, tmp_path)
+    lines = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [x["status"] for x in lines] == ["PASS", "FAIL", "NOT_SUPPORTED"]
+    assert lines[1]["value"] == "inf"
+    suites = ET.parse(tmp_path / "junit.xml").getroot().findall("testsuite")
+    assert [(s.get("name"), s.get("failures"), s.get("skipped")) for s in suites] == [
+        ("hwrun-conformance.p", "1", "0"),
+        ("hwrun-conformance.q", "0", "1"),
+    ]
+    summary = summary_markdown(rows)
+    assert "| `attn.lse_combine` | FAIL 1 · PASS 1 | NOT_SUPPORTED 1 |" in summary
+    assert "**not conformant** | conformant |" in summary
