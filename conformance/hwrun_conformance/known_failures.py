@@ -33,17 +33,7 @@ class KnownFailure:
         )
 
 
-KNOWN_FAILURES: tuple[KnownFailure, ...] = (
-    KnownFailure(
-        platform="reference",
-        op="moe.experts",
-        case="*.batch",
-        reason="the moe.experts reference multiplies each expert's rows (and the shared "
-        "experts' rows) as one matrix, and CPU BLAS rounding depends on the row count, so a "
-        "token alone can differ in the last bit: the reference's global batch_invariant claim "
-        "does not hold for this op; found by this suite, reported to the MoE owner",
-    ),
-)
+KNOWN_FAILURES: tuple[KnownFailure, ...] = ()
 
 
 def load_known_failures(path: Path) -> tuple[KnownFailure, ...]:

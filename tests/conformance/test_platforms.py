@@ -4,7 +4,6 @@ vendor platforms (no ops registered on this CPU machine) report NOT_SUPPORTED ho
 from __future__ import annotations
 
 import json
-from fnmatch import fnmatchcase
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -12,7 +11,6 @@ import pytest
 from click.testing import CliRunner
 
 from hwrun.cli import cli
-from hwrun_conformance.known_failures import KNOWN_FAILURES
 
 
 @pytest.fixture(scope="module")
@@ -20,16 +18,7 @@ def all_quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[dict]
     report = tmp_path_factory.mktemp("all") / "report"
     result = CliRunner().invoke(
         cli,
-        # Known failures (KNOWN_FAILURES, each with its reason) must not hide anything else.
-        [
-            "conformance",
-            "--platform",
-            "all",
-            "--quick",
-            "--accept-known-failures",
-            "--report",
-            str(report),
-        ],
+        ["conformance", "--platform", "all", "--quick", "--report", str(report)],
     )
     rows = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
     return result.exit_code, rows, report
@@ -44,17 +33,9 @@ def test_every_platform_conforms(all_quick) -> None:
 def test_reference_passes_every_case_it_runs(all_quick) -> None:
     _, rows, _ = all_quick
     reference = [r for r in rows if r["platform"] == "reference" and r["case"] != "-"]
-    known = {(e.op, e.case) for e in KNOWN_FAILURES if e.platform == "reference"}
-    unexpected = [
-        r
-        for r in reference
-        if r["status"] != "PASS"
-        and not (
-            r["status"] == "KNOWN_FAILURE"
-            and any(fnmatchcase(r["op"], op) and fnmatchcase(r["case"], case) for op, case in known)
-        )
+    assert reference and all(r["status"] == "PASS" for r in reference), [
+        r for r in reference if r["status"] != "PASS"
     ]
-    assert reference and not unexpected, unexpected
     assert all(r["impl"] == "reference" for r in reference if r["op"] != "capabilities")
 
 
