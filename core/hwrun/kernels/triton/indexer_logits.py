@@ -153,8 +153,10 @@ def logits_paged(
     num_ctx_blocks = triton.cdiv(max_ctx, block_size)
     if splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        # ~8 programs per multiprocessor: the best of a grid on the H200 (bench/gpu_ops.py --tune).
-        splits = max(1, min(num_ctx_blocks, triton.cdiv(8 * sms, B)))
+        # ~8 programs per multiprocessor (the best of a grid on the H200, bench/gpu_ops.py
+        # --tune), each with at least 4 blocks: shorter programs spend their time in the
+        # prologue (batch 1 ran 5x slower with 1-2 blocks per program).
+        splits = max(1, min(triton.cdiv(num_ctx_blocks, 4), triton.cdiv(8 * sms, B)))
     if block_size & (block_size - 1):
         raise ValueError(f"logits_paged: block_size must be a power of two, got {block_size}")
     q_fp8 = q.dtype == torch.float8_e4m3fn
