@@ -8,6 +8,7 @@ machine the wall figures follow the load (printed beside the table); with ``--th
 CPU-time figures do not, and say what one dedicated core does.
 
     .venv/bin/python bench/formats_cpu.py [--elements 16777216] [--threads 2] [--repeats 3]
+                                          [--only SUBSTRING]
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def main() -> None:
     parser.add_argument("--elements", type=int, default=1 << 24)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", default="", help="run the formats whose name contains this")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
@@ -115,7 +117,7 @@ def main() -> None:
         "| decode M/s (CPU time) |"
     )
     print("|---|---|---|---|---|---|")
-    for case in _cases():
+    for case in (c for c in _cases() if args.only in c.name):
         rows = args.elements // case.row
         x = torch.randn(rows, case.row, generator=generator)
         enc = _best(lambda c=case, x=x: c.encode(x), args.repeats)

@@ -157,6 +157,7 @@ def test_nan_in_a_group_poisons_only_that_group():
     ("call", "needle"),
     [
         (lambda: fp8.quantize_fp8_groups(torch.ones(3, 100)), "multiple of 128"),
+        (lambda: fp8.quantize_fp8_groups(torch.ones(3, 128), group=0), "positive"),
         (lambda: fp8.quantize_fp8_groups(torch.ones(3, 128, dtype=torch.int32)), "float32"),
         (lambda: fp8.encode_e4m3(torch.ones(3, dtype=torch.int64)), "float32"),
         (lambda: fp8.decode_e4m3(torch.ones(3)), "uint8"),

@@ -77,6 +77,8 @@ def quantize_fp8_groups(
     ue8m0: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # codes [..., N] uint8, scales [..., N // group] fp32
     """Per-token groups along the last dimension (activations, indexer q/k: group 128)."""
+    if group <= 0:
+        raise ValueError(f"quantize_fp8_groups: group must be a positive size, got {group}")
     shape = f"[..., N] with N a multiple of {group}"
     xf = require_float(x, "quantize_fp8_groups", shape)
     n = require_last_dim_multiple(xf, group, "quantize_fp8_groups", shape)
