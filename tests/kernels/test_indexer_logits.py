@@ -36,8 +36,8 @@ def _assert_logits_close(got, want):
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
-@pytest.mark.parametrize("q_dtype", [torch.float8_e4m3fn, torch.bfloat16])
-def test_logits_paged_matches_reference(fmt, q_dtype):
+@pytest.mark.parametrize("q_dtype,step", [(torch.float8_e4m3fn, 1), (torch.bfloat16, 2)])
+def test_logits_paged_matches_reference(fmt, q_dtype, step):
     g = torch.Generator().manual_seed(7)
     batch, next_n, heads, block_size, max_blocks, num_blocks = 3, 2, 5, 16, 4, 14
     cache = _paged_cache(fmt, num_blocks, block_size, g)
@@ -48,7 +48,7 @@ def test_logits_paged_matches_reference(fmt, q_dtype):
     table[2, 1:] = -1  # unallocated entries past a short request are never read
     lens = torch.tensor([[40, 41], [0, 64], [5, 6]], dtype=torch.int32)
     max_ctx = 70
-    got = logits_paged(q, weights, cache, fmt, table, lens, max_ctx, splits=3)
+    got = logits_paged(q, weights, cache, fmt, table, lens, max_ctx, splits=3, step=step)
     want = reference_paged(q, weights, cache, fmt, table, lens, max_ctx)
     _assert_logits_close(got, want)
 

@@ -51,6 +51,7 @@ def _paged_logits_kernel(
     FMT: tl.constexpr,
     Q_FP8: tl.constexpr,
     WIDE: tl.constexpr,
+    STEP: tl.constexpr,
     SPLITS,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -75,17 +76,22 @@ def _paged_logits_kernel(
     row_ok = rows < NEXT_N
     lens = tl.load(lens_ptr + b * NEXT_N + rows, mask=row_ok, other=0)
     longest = tl.max(lens, 0)
-    tok = tl.arange(0, BLOCK_SIZE)
+    # A step is STEP cache blocks: token t of the step sits in block t // BLOCK_SIZE of it.
+    TOKENS: tl.constexpr = STEP * BLOCK_SIZE
+    tok = tl.arange(0, TOKENS)
+    in_block = tok % BLOCK_SIZE
     out_rows = out_ptr + (b * NEXT_N + rows) * out_stride
-    # Blocks holding keys of some row: no branch inside the loop, so loads are pipelined.
     key_blocks = tl.cdiv(longest, BLOCK_SIZE)
-    for j in range(split, key_blocks, SPLITS):
-        pos = j * BLOCK_SIZE + tok
-        blk = tl.load(table_ptr + b * table_stride + j).to(tl.int64)
-        page = cache_ptr + blk * cache_block_stride
+    key_steps = tl.cdiv(longest, TOKENS)
+    # Steps holding keys of some row: no branch inside the loop, so loads are pipelined.
+    for j in range(split, key_steps, SPLITS):
+        pos = j * TOKENS + tok
+        blk_idx = j * STEP + tok // BLOCK_SIZE
+        blk = tl.load(table_ptr + b * table_stride + blk_idx, mask=blk_idx < key_blocks, other=0)
+        page = cache_ptr + blk.to(tl.int64) * cache_block_stride
         n_mask = pos < longest
-        elem_rows = page + tok * ELEM_BYTES
-        scale_rows = page + BLOCK_SIZE * ELEM_BYTES + tok * 4
+        elem_rows = page + in_block * ELEM_BYTES
+        scale_rows = page + BLOCK_SIZE * ELEM_BYTES + in_block * 4
         if FMT == 0:
             scores = fp8_key_scores(elem_rows, scale_rows, n_mask, qt, Q_FP8, WIDE)
         else:
@@ -95,9 +101,9 @@ def _paged_logits_kernel(
         store_mask = (pos[:, None] < max_ctx) & row_ok[None, :]
         tl.store(out_rows[None, :] + pos[:, None], logits, mask=store_mask)
     # The rest of the row (past the request's longest row) is only -inf.
-    neg_inf = tl.full((BLOCK_SIZE, NP), float("-inf"), tl.float32)
-    for j in range(key_blocks + split, num_ctx_blocks, SPLITS):
-        pos = j * BLOCK_SIZE + tok
+    neg_inf = tl.full((TOKENS, NP), float("-inf"), tl.float32)
+    for j in range(key_steps + split, tl.cdiv(num_ctx_blocks, STEP), SPLITS):
+        pos = j * TOKENS + tok
         store_mask = (pos[:, None] < max_ctx) & row_ok[None, :]
         tl.store(out_rows[None, :] + pos[:, None], neg_inf, mask=store_mask)
 
@@ -128,6 +134,7 @@ def logits_paged(
     splits: int | None = None,
     num_warps: int = 4,
     num_stages: int = 4,
+    step: int = 1,
 ) -> torch.Tensor:  # [B * n, max_ctx] float32, -inf past each row's length
     B, n = q.shape[0], q.shape[1]
     H = _check_common(q, weights, fmt, B * n, "logits_paged")
@@ -156,7 +163,7 @@ def logits_paged(
         # ~8 programs per multiprocessor (the best of a grid on the H200, bench/gpu_ops.py
         # --tune), each with at least 4 blocks: shorter programs spend their time in the
         # prologue (batch 1 ran 5x slower with 1-2 blocks per program).
-        splits = max(1, min(triton.cdiv(num_ctx_blocks, 4), triton.cdiv(8 * sms, B)))
+        splits = max(1, min(triton.cdiv(num_ctx_blocks, 4 * step), triton.cdiv(8 * sms, B)))
     if block_size & (block_size - 1):
         raise ValueError(f"logits_paged: block_size must be a power of two, got {block_size}")
     q_fp8 = q.dtype == torch.float8_e4m3fn
@@ -182,6 +189,7 @@ def logits_paged(
         FMT=code,
         Q_FP8=q_fp8,
         WIDE=wide_dtype(),
+        STEP=step,
         SPLITS=splits,
         num_warps=num_warps,
         num_stages=num_stages,
