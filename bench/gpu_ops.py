@@ -77,10 +77,10 @@ def indexer_rows(ceil, tune, log):
             cfg = {}
             if tune and batch > 1:
                 grid = [
-                    {"splits": max(1, s * sms // batch), "num_warps": nw, "num_stages": st}
-                    for s in (2, 8)
+                    {"splits": 8 * sms // batch, "num_warps": nw, "num_stages": st, "step": sp}
+                    for sp in (1, 2)
                     for nw in (4, 8)
-                    for st in (2, 4)
+                    for st in (3, 4)
                 ]
                 cfg = _tune(f"logits_paged {fmt} B={batch}", run, grid, log)
             us = bench(lambda run=run, cfg=cfg: run(**cfg))
@@ -140,12 +140,7 @@ def topk_rows(ceil, tune, log):
         cfg = {}
         if tune and r > 1:
             sms = torch.cuda.get_device_properties(0).multi_processor_count
-            grid = [
-                {"block": b, "num_warps": nw, "chunks": c * sms // r}
-                for b in (2048, 4096)
-                for nw in (4, 8)
-                for c in (2, 4, 8)
-            ]
+            grid = [{"block": 4096, "num_warps": 8, "chunks": c * sms // r} for c in (4, 8, 16)]
             cfg = _tune(f"topk R={r}", run, grid, log)
         us = bench(lambda cfg=cfg: run(**cfg))
         peers = {"torch.topk": bench(lambda x=logits: torch.topk(x, 2048, dim=1))}
@@ -180,21 +175,8 @@ def sparse_mla_rows(ceil, tune, log):
                 return sparse_mla.decode(q, cache, fmt, slots, scale, **cfg)
 
             cfg = {}
-            if tune and batch > 1:
-                grid = [
-                    {"block_h": bh, "block_n": bn, "v_parts": vp, "num_warps": nw, "num_stages": st}
-                    for bh, bn, vp, nw, st in (
-                        (128, 32, 2, 8, 2),
-                        (128, 32, 2, 8, 3),
-                        (128, 64, 2, 8, 2),
-                        (128, 16, 2, 8, 2),
-                        (128, 32, 2, 4, 2),
-                        (64, 32, 2, 4, 2),
-                    )
-                ]
-                cfg = _tune(f"sparse_mla {fmt} B={batch}", run, grid, log)
             if tune and batch == 1:
-                grid = [{"splits": sp} for sp in (4, 8, 16, 32, 64)]
+                grid = [{"splits": sp} for sp in (4, 8, 16)]
                 cfg = _tune(f"sparse_mla {fmt} B={batch}", run, grid, log)
             us = bench(lambda run=run, cfg=cfg: run(**cfg))
             peers = {}
