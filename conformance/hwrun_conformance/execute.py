@@ -130,7 +130,7 @@ def _batch(case: Case, sample: Sample, fn, device: str) -> Verdict:
             name: full[0][name].narrow(dim, chosen[0], len(chosen))
             for name, dim in rows.outputs.items()
         }
-        verdict = _bitwise_same((expected, None), part, "batch_invariance", f"for rows {chosen}")
+        verdict = _bitwise_same((expected, full[1]), part, "batch_invariance", f"for rows {chosen}")
         if not verdict.passed:
             return verdict
     return Verdict(True, "batch_invariance", 0.0, 0.0)
@@ -142,6 +142,10 @@ def _row_subsets(count: int) -> list[list[int]]:
 
 
 def _bitwise_same(a, b, metric: str, when: str) -> Verdict:
+    """Outputs of ``b`` equal to ``a``'s bit for bit; either call's guard damage fails first."""
+    for damage in (a[1], b[1]):
+        if damage:
+            return Verdict(False, "guard_bytes", None, 0.0, damage)
     for name, tensor in a[0].items():
         measured = metrics.exact(b[0][name], tensor, metrics.Tolerance())
         if measured.value:

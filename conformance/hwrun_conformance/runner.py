@@ -233,7 +233,7 @@ def judge(job: Job, reply: Reply, batch_claimed: bool, known: tuple[KnownFailure
         )
     elif entry is not None and result.status == Status.PASS:
         result = replace(
-            result, reason=f"passes: the known-failure entry is stale ({entry.reason})"
+            result, reason=f"passes although a known-failure entry matches it ({entry.reason})"
         )
     return result
 

@@ -1,8 +1,8 @@
 """Negative controls: a deliberately wrong platform must fail exactly where it is wrong.
 
 One run of `hwrun conformance --platform wrong` (tests/conformance/plugins/hwrun_wrong_platform.py)
-covers: an off-by-one top-k, a raising kernel (turned into KNOWN_FAILURE by an entry file), a
-base-2 LSE, a kernel that hangs on one case, one that SIGKILLs its process on one case, a
+covers: an off-by-one top-k, a raising kernel, doubled logits (KNOWN_FAILURE through an entry
+file), a base-2 LSE, a kernel that hangs on one case, one that SIGKILLs its process on one case, a
 batch-variant router that claims batch invariance, and a correct op that is not claimed.
 """
 
@@ -25,8 +25,8 @@ def wrong_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str]
     tmp = tmp_path_factory.mktemp("wrong")
     known = tmp / "known.toml"
     known.write_text(
-        '[[known_failure]]\nplatform = "wrong"\nop = "indexer.to_slots"\ncase = "*"\n'
-        'reason = "slot kernel not launched yet (tracking: hwrun#0)"\n'
+        '[[known_failure]]\nplatform = "wrong"\nop = "indexer.logits_ragged"\n'
+        'case = "*"\nreason = "scores doubled (tracking: hwrun#0)"\n'
     )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HWRUN_PLUGINS", "hwrun_wrong_platform")
@@ -75,12 +75,22 @@ def test_off_by_one_topk_fails_accuracy_but_is_still_padding_and_batch_invariant
         assert _status(by_case, "indexer.topk", f"{name}.batch") == "PASS"
 
 
-def test_raising_kernel_is_a_known_failure_with_its_reason(wrong_run) -> None:
+def test_raising_kernel_fails_with_its_exception(wrong_run) -> None:
     _, by_case, _ = wrong_run
     rows = [r for (op, _), r in by_case.items() if op == "indexer.to_slots"]
-    assert rows and all(r["status"] == "KNOWN_FAILURE" for r in rows)
-    assert "tracking: hwrun#0" in rows[0]["reason"]
-    assert "RuntimeError: kernel launch failed" in rows[0]["reason"]
+    assert rows and all(r["status"] == "FAIL" for r in rows)
+    assert all("RuntimeError: kernel launch failed" in r["reason"] for r in rows)
+
+
+def test_known_failure_entry_names_the_reason(wrong_run) -> None:
+    _, by_case, _ = wrong_run
+    for name in ("bf16_h4_ties", "fp8_h4_ties", "fp8_h20", "mxfp4_h4_ties", "mxfp4_h20"):
+        row = by_case[("indexer.logits_ragged", name)]
+        assert row["status"] == "KNOWN_FAILURE", row
+        assert row["reason"].startswith("scores doubled (tracking: hwrun#0)")
+        assert "calc_diff" in row["reason"]
+    batch = by_case[("indexer.logits_ragged", "fp8_h4_ties.batch")]
+    assert batch["status"] == "PASS" and "known-failure entry matches" in batch["reason"]
 
 
 def test_log2_lse_fails_on_the_lse_output(wrong_run) -> None:
@@ -135,6 +145,48 @@ def test_write_past_the_cache_trips_the_guard_bytes(wrong_run) -> None:
     rows = [r for (op, c), r in by_case.items() if op == "kv.write_latent" and "." not in c]
     assert rows and all(r["status"] == "FAIL" for r in rows)
     assert all(r["metric"] == "guard_bytes" and "after" in r["reason"] for r in rows)
+
+
+def test_exactly_the_broken_cases_do_not_pass(wrong_run) -> None:
+    _, by_case, _ = wrong_run
+    broken = {
+        k: r["status"] for k, r in by_case.items() if r["status"] not in {"PASS", "NOT_SUPPORTED"}
+    }
+    expected = {
+        **{("indexer.topk", n): "FAIL" for n in ("random", "relu_ties", "short_rows", "inf_nan")},
+        **{("indexer.to_slots", n): "FAIL" for n in ("decode", "mtp", "explicit_rows")},
+        **{("attn.lse_combine", n): "FAIL" for n in ("dcp2_fp32", "dcp4_bf16_h10", "far_lses")},
+        ("kda.step", "decode"): "TIMEOUT",
+        ("kda.step", "decode.batch"): "TIMEOUT",
+        ("moe.route", "no_tokens"): "CRASH",
+        **{
+            ("moe.route", f"{n}.batch"): "FAIL"
+            for n in ("softmax_top2", "deepseek_grouped", "bf16_no_renorm")
+        },
+        ("kv.write_index_keys", "mxfp4_small"): "FAIL",
+        ("kv.write_index_keys", "mxfp4_extreme"): "FAIL",
+        **{
+            ("kv.write_latent", f"{fmt}_{n}"): "FAIL"
+            for fmt in ("bf16", "fp8_e4m3", "fp8_ds_mla", "nvfp4_ds_mla")
+            for n in ("small", "small.padding", "extreme")
+        },
+        **{
+            ("indexer.logits_ragged", n): "KNOWN_FAILURE"
+            for n in ("bf16_h4_ties", "fp8_h4_ties", "fp8_h20", "mxfp4_h4_ties", "mxfp4_h20")
+        },
+        **{
+            ("capabilities", item): "FAIL"
+            for item in (
+                "ops:indexer.topk",
+                "ops:attn.lse_combine",
+                "ops:moe.route",
+                "ops:indexer.nonexistent",
+                "batch_invariant:moe.route",
+                "batch_invariant:kda.step",  # claimed, and its batch case timed out
+            )
+        },
+    }
+    assert broken == expected
 
 
 def test_report_rows_carry_the_required_fields(wrong_run) -> None:

@@ -1,7 +1,8 @@
 """A deliberately wrong platform for the conformance suite's negative controls.
 
 Each op is broken in one known way (or not at all), so the suite must report exactly those
-cases as FAIL, CRASH or TIMEOUT and the rest as PASS. Loaded through HWRUN_PLUGINS with this
+cases as FAIL, CRASH or TIMEOUT (KNOWN_FAILURE where the test's entry file names them) and the
+rest as PASS. Loaded through HWRUN_PLUGINS with this
 directory on PYTHONPATH.
 """
 
@@ -16,7 +17,7 @@ import torch
 
 from hwrun import API_VERSION
 from hwrun.hookspecs import hookimpl
-from hwrun.ops import attn, kda, kv_write, moe, topk
+from hwrun.ops import attn, indexer, kda, kv_write, moe, topk
 from hwrun.platform import Capabilities, PlatformInfo
 from hwrun.registry import OpImpl, OpRegistry
 
@@ -77,7 +78,13 @@ def write_latent_one_byte_past(cache, nope, rope, slots, fmt, scale=None):
     past.add_(1)
 
 
+def logits_ragged_doubled(q, weights, key_elements, key_scales, fmt, ks, ke):
+    """Twice the right scores: the known failure the test's entry file names."""
+    return indexer.logits_ragged(q, weights, key_elements, key_scales, fmt, ks, ke) * 2
+
+
 IMPLS = {
+    "indexer.logits_ragged": logits_ragged_doubled,
     "kv.write_index_keys": write_index_keys_swapped_nibbles,
     "kv.write_latent": write_latent_one_byte_past,
     "indexer.topk": topk_off_by_one,
