@@ -1,6 +1,10 @@
 """Shared pieces of the GPU benchmarks: timing, measured ceilings, input builders, table rows.
 
-Times are medians of ``triton.testing.do_bench`` (CUDA events, L2 flushed before every run).
+Times are medians of CUDA-graph replays (``triton.testing.do_bench_cudagraph``): serving
+replays graphs, and without one a small op measures the host's launch overhead instead (the
+same batch-1 kernels read 13 us on one machine and 70-80 us on the next with plain launches).
+What cannot be captured (the torch references synchronize) falls back to ``do_bench``
+(CUDA events, L2 flushed before every run).
 Ceilings are measured in the same process: a device-to-device copy (bytes read + written per
 second) and a large bf16 matrix product (FLOP/s); "% roof" is the time the op's unavoidable
 bytes (or FLOPs, when larger) would take at those rates over the measured time.
@@ -18,8 +22,13 @@ from hwrun.formats.index_keys import get_index_key_format
 from hwrun.formats.latent import get_latent_format
 
 
-def bench(fn, warmup: int = 25, rep: int = 100) -> float:
-    """Median time of ``fn()`` in microseconds."""
+def bench(fn, warmup: int = 25, rep: int = 100, graph: bool = True) -> float:
+    """Median time of ``fn()`` in microseconds, replayed in a CUDA graph where it captures."""
+    if graph:
+        try:
+            return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median") * 1e3
+        except Exception:  # not capturable (host synchronisation inside): plain launches
+            torch.cuda.synchronize()
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
 
 

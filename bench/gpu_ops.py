@@ -96,6 +96,7 @@ def indexer_rows(ceil, tune, log):
                     ),
                     warmup=1,
                     rep=3,
+                    graph=False,
                 )
             rows.append(
                 Row(
@@ -218,7 +219,7 @@ def small_op_rows(ceil):
         outs = torch.randn(w_parts, *shape, 512, device="cuda", dtype=torch.bfloat16)
         lses = torch.randn(w_parts, *shape, device="cuda")
         us = bench(lambda outs=outs, lses=lses: lse_combine.lse_combine(outs, lses))
-        ref = bench(lambda outs=outs, lses=lses: ref_attn.lse_combine(outs, lses))
+        ref = bench(lambda outs=outs, lses=lses: ref_attn.lse_combine(outs, lses), graph=False)
         nbytes = outs.numel() * 2 * (1 + 1 / w_parts)
         rows.append(
             Row(
@@ -238,7 +239,7 @@ def small_op_rows(ceil):
             slots = torch.randperm(tokens * 2, device="cuda")[:tokens].to(torch.int32)
             args = (cache, nope, rope, slots, fmt)
             us = bench(lambda args=args: kv_write.write_latent(*args))
-            ref = bench(lambda args=args: ref_kv.write_latent(*args), warmup=2, rep=10)
+            ref = bench(lambda args=args: ref_kv.write_latent(*args), warmup=2, rep=10, graph=False)
             rows.append(
                 Row(
                     "kv.write_latent",
@@ -256,7 +257,9 @@ def small_op_rows(ceil):
             slots = torch.randperm(tokens * 2, device="cuda")[:tokens].to(torch.int32)
             args = (cache, keys, slots, fmt)
             us = bench(lambda args=args: kv_write.write_index_keys(*args))
-            ref = bench(lambda args=args: ref_kv.write_index_keys(*args), warmup=2, rep=10)
+            ref = bench(
+                lambda args=args: ref_kv.write_index_keys(*args), warmup=2, rep=10, graph=False
+            )
             rows.append(
                 Row(
                     "kv.write_index_keys",
