@@ -21,6 +21,8 @@ from hwrun_conformance.case import ACCURACY, BATCH, PADDING, Case, Sample
 from hwrun_conformance.guards import guard_damage, guarded_copy
 from hwrun_conformance.tolerances import RELAXATIONS, Relaxation, tolerance_for
 
+Outputs = tuple[dict[str, Any], str | None]  # outputs by name, guard damage (None: intact)
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -54,7 +56,15 @@ def run_case(
     raise ValueError(f"unknown case kind {case.kind!r}")
 
 
-def _accuracy(case, sample, fn, reference, platform, device, relaxations) -> Verdict:
+def _accuracy(
+    case: Case,
+    sample: Sample,
+    fn: Callable[..., Any],
+    reference: Callable[..., Any],
+    platform: str,
+    device: str,
+    relaxations: tuple[Relaxation, ...],
+) -> Verdict:
     try:
         ref_out = _call(reference, sample, _copy_args(sample.kwargs, "cpu"))
     except Exception as exc:
@@ -92,7 +102,7 @@ def _accuracy(case, sample, fn, reference, platform, device, relaxations) -> Ver
     return max(verdicts, key=lambda v: v.value / v.threshold if v.threshold else v.value)
 
 
-def _padding(case: Case, sample: Sample, fn, device: str) -> Verdict:
+def _padding(case: Case, sample: Sample, fn: Callable[..., Any], device: str) -> Verdict:
     if sample.perturb_padding is None:
         return _suite_error("the padding check", ValueError(f"{case.case_id} has no padding"))
     first = _call_impl(fn, sample, device)
@@ -111,7 +121,7 @@ def _padding(case: Case, sample: Sample, fn, device: str) -> Verdict:
     return _bitwise_same(first, second, "padding_invariance", "after changing ignored inputs")
 
 
-def _batch(case: Case, sample: Sample, fn, device: str) -> Verdict:
+def _batch(case: Case, sample: Sample, fn: Callable[..., Any], device: str) -> Verdict:
     rows = sample.rows
     if rows is None or sample.inplace:
         return _suite_error("the batch check", ValueError(f"{case.case_id} has no row split"))
@@ -141,7 +151,7 @@ def _row_subsets(count: int) -> list[list[int]]:
     return [s for s in subsets if s and len(s) < count] or [[0]]
 
 
-def _bitwise_same(a, b, metric: str, when: str) -> Verdict:
+def _bitwise_same(a: Outputs, b: Outputs, metric: str, when: str) -> Verdict:
     """Outputs of ``b`` equal to ``a``'s bit for bit; either call's guard damage fails first."""
     for damage in (a[1], b[1]):
         if damage:
@@ -155,7 +165,7 @@ def _bitwise_same(a, b, metric: str, when: str) -> Verdict:
     return Verdict(True, metric, 0.0, 0.0)
 
 
-def _call_impl(fn, sample: Sample, device: str):
+def _call_impl(fn: Callable[..., Any], sample: Sample, device: str) -> Outputs | Verdict:
     """(outputs by name, guard damage) or a FAIL verdict when the impl raised."""
     kwargs = _copy_args(sample.kwargs, device)
     guards = {}
@@ -172,7 +182,7 @@ def _call_impl(fn, sample: Sample, device: str):
     return outputs, damage or None
 
 
-def _call(fn, sample: Sample, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _call(fn: Callable[..., Any], sample: Sample, kwargs: dict[str, Any]) -> dict[str, Any]:
     result = fn(**kwargs)
     if sample.unpack is not None:
         result = sample.unpack(result)
