@@ -178,13 +178,16 @@ def _serve() -> None:
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # kernels' prints must not corrupt the protocol
     sys.stdout = sys.stderr
+    from hwrun_conformance.execute import Verdict
     from hwrun_conformance.session import CaseSession
 
     session = CaseSession()
     answers.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
-        request = json.loads(line)
-        verdict = session.run(**request)
+        try:
+            verdict = session.run(**json.loads(line))
+        except Exception as exc:  # a suite bug (unknown case, impl gone): say so, keep serving
+            verdict = Verdict(False, "suite_error", reason=f"worker error: {exc!r}")
         answers.write(json.dumps(asdict(verdict)) + "\n")
 
 
