@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from hwrun.formats.arith import canonical_nan, divide
 from hwrun.formats.checks import (
     require_float,
     require_last_dim_multiple,
@@ -51,8 +52,8 @@ def ceil_pow2(s: torch.Tensor) -> torch.Tensor:  # [...] fp32 > 0 -> [...] fp32
 def scale_from_amax(amax: torch.Tensor, ue8m0: bool) -> torch.Tensor:  # [...] -> [...] fp32
     """The fp8 scale of a group from its absolute maximum (the module docstring's rule)."""
     # clamp keeps NaN (torch.clamp propagates it), so a NaN group keeps a NaN scale.
-    scale = amax.float().clamp(min=AMAX_FLOOR) / E4M3_MAX
-    return ceil_pow2(scale) if ue8m0 else scale
+    scale = divide(amax.float().clamp(min=AMAX_FLOOR), E4M3_MAX)
+    return canonical_nan(ceil_pow2(scale) if ue8m0 else scale)
 
 
 def quantize_fp8_per_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hwrun.formats.arith import canonical_nan
 from hwrun.formats.checks import require_float, require_uint8
 from hwrun.formats.e2m1 import encode_scaled_blocks
 from hwrun.formats.fp8 import decode_e4m3, encode_e4m3, scale_from_amax
@@ -37,7 +38,7 @@ Codec = tuple[torch.Tensor, torch.Tensor]
 
 
 def _bf16_encode(keys: torch.Tensor) -> Codec:
-    elements = keys.to(torch.bfloat16).view(torch.uint8)
+    elements = canonical_nan(keys.to(torch.bfloat16)).view(torch.uint8)
     return elements, elements.new_empty((*keys.shape[:-1], 0))
 
 

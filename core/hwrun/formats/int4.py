@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from hwrun.formats.arith import divide
 from hwrun.formats.checks import (
     require_float,
     require_last_dim_multiple,
@@ -41,7 +42,7 @@ def quantize_int4_g128(
         raise ValueError("quantize_int4_g128: weights must be finite (found NaN or inf)")
     groups = wf.reshape(wf.shape[0], cols // INT4_GROUP, INT4_GROUP)
     amax = groups.abs().amax(dim=-1)
-    scales = (amax / ((INT4_MAX - INT4_MIN) / 2)).clamp(min=FLT_MIN)
+    scales = divide(amax, (INT4_MAX - INT4_MIN) / 2).clamp(min=FLT_MIN)
     q = torch.round(groups * (1.0 / scales).unsqueeze(-1)).clamp(INT4_MIN, INT4_MAX)
     nibbles = (q.to(torch.int16) + INT4_OFFSET).to(torch.uint8).reshape(wf.shape)
     return pack_nibbles(nibbles), scales

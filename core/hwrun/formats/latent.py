@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hwrun.formats.arith import canonical_nan, divide
 from hwrun.formats.checks import require_float, require_uint8
 from hwrun.formats.fp8 import E4M3_MAX, decode_e4m3, encode_e4m3
 from hwrun.formats.nvfp4 import dequantize_blocks, quantize_blocks
@@ -46,7 +47,7 @@ def _as(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # [..., n*size]
 
 
 def _bf16_encode(nope: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    return _bytes_of(torch.cat((nope, rope), dim=-1).to(torch.bfloat16))
+    return _bytes_of(canonical_nan(torch.cat((nope, rope), dim=-1).to(torch.bfloat16)))
 
 
 def _bf16_decode(rows: torch.Tensor) -> torch.Tensor:
@@ -54,7 +55,7 @@ def _bf16_decode(rows: torch.Tensor) -> torch.Tensor:
 
 
 def _fp8_encode(nope: torch.Tensor, rope: torch.Tensor, scale: float) -> torch.Tensor:
-    return encode_e4m3(torch.cat((nope, rope), dim=-1) / scale)
+    return encode_e4m3(divide(torch.cat((nope, rope), dim=-1), scale))
 
 
 def _fp8_decode(rows: torch.Tensor, scale: float) -> torch.Tensor:
@@ -63,9 +64,11 @@ def _fp8_decode(rows: torch.Tensor, scale: float) -> torch.Tensor:
 
 def _ds_mla_encode(nope: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     tiles = nope.reshape(*nope.shape[:-1], NOPE_DIM // DS_MLA_TILE, DS_MLA_TILE)
-    scales = (tiles.abs().amax(dim=-1) / E4M3_MAX).clamp(min=FLT_MIN)
+    scales = canonical_nan(divide(tiles.abs().amax(dim=-1), E4M3_MAX).clamp(min=FLT_MIN))
     codes = encode_e4m3(tiles / scales.unsqueeze(-1)).reshape(nope.shape)
-    return torch.cat((codes, _bytes_of(scales), _bytes_of(rope.to(torch.bfloat16))), dim=-1)
+    return torch.cat(
+        (codes, _bytes_of(scales), _bytes_of(canonical_nan(rope.to(torch.bfloat16)))), dim=-1
+    )
 
 
 def _ds_mla_decode(rows: torch.Tensor) -> torch.Tensor:

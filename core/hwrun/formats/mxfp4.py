@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from hwrun.formats.arith import divide
 from hwrun.formats.checks import require_float, require_last_dim_multiple, require_uint8
 from hwrun.formats.e2m1 import (
     CHUNK_ELEMENTS,
@@ -57,7 +58,7 @@ def mx_scale_codes(amax: torch.Tensor, rule: str) -> torch.Tensor:  # [...] fp32
         field = (amax.view(torch.int32) >> 23) & 0xFF  # floor(log2) + 127; 0 for zero/subnormal
         codes = (field - _E2M1_MAX_EXP).clamp(0, E8M0_NAN)
     elif rule == "rceil":
-        mantissa, exponent = torch.frexp(amax / E2M1_MAX)  # q = m * 2^x, m in [0.5, 1)
+        mantissa, exponent = torch.frexp(divide(amax, E2M1_MAX))  # q = m * 2^x, m in [0.5, 1)
         e = exponent.to(torch.int32) - (mantissa == 0.5).to(torch.int32)  # ceil(log2(q))
         codes = (e + E8M0_BIAS).clamp(0, 254)
         codes = torch.where(amax == 0, torch.zeros_like(codes), codes)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from hwrun.formats.arith import divide, divide_into
 from hwrun.formats.checks import (
     require_float,
     require_last_dim_multiple,
@@ -39,7 +40,7 @@ TILE_ROWS, TILE_COLS = 128, 4
 
 def default_tensor_scale(x: torch.Tensor) -> torch.Tensor:  # [...] -> 0-dim fp32
     amax = x.float().abs().amax()
-    return torch.where(amax == 0, torch.ones_like(amax), (E4M3_MAX * E2M1_MAX) / amax)
+    return torch.where(amax == 0, torch.ones_like(amax), divide_into(E4M3_MAX * E2M1_MAX, amax))
 
 
 def quantize_blocks(
@@ -49,7 +50,7 @@ def quantize_blocks(
     """The NVFP4 block step (module docstring), shared with the nvfp4_ds_mla latent rows."""
 
     def scale_of(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        sf = (amax / E2M1_MAX) * tensor_scale
+        sf = divide(amax, E2M1_MAX) * tensor_scale
         scales = encode_e4m3(sf.clamp(min=MIN_BLOCK_SCALE))
         return scales, tensor_scale / decode_e4m3(scales)
 
