@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 AUDIT_OP = "capabilities"
 # Refused cases say nothing about a claim; known failures are judged by their own entries.
 _UNJUDGED = frozenset({Status.NOT_SUPPORTED, Status.KNOWN_FAILURE})
+_GOOD = frozenset({Status.PASS, Status.QUALITY_WARNING})  # a claim holds on conformant results
 
 
 def audit(
@@ -54,7 +55,7 @@ def audit(
     for op in sorted(by_op):
         op_results = by_op[op]
         ran = [r for r in op_results if r.status not in _UNJUDGED and r.kind == ACCURACY]
-        passing = bool(ran) and all(r.status == Status.PASS for r in ran)
+        passing = bool(ran) and all(r.status in _GOOD for r in ran)
         if op in claims.ops:
             if not registry.impls(op):
                 row(f"ops:{op}", False, f"claims {op} but registers no impl of it")
@@ -73,7 +74,7 @@ def audit(
         if result.kind != ACCURACY or result.status in _UNJUDGED or not result.impl:
             continue
         for fmt in result.formats:
-            formats_ran[fmt] = formats_ran.get(fmt, True) and result.status == Status.PASS
+            formats_ran[fmt] = formats_ran.get(fmt, True) and result.status in _GOOD
     for fmt in sorted(claims.formats):
         if fmt in formats_ran:
             ok = formats_ran[fmt]

@@ -32,6 +32,7 @@ class Verdict:
     threshold: float | None = None
     reason: str = ""
     relaxation: str | None = None
+    below_quality: bool = False  # passed the limit but not the quality target
 
 
 def run_case(
@@ -88,17 +89,25 @@ def _accuracy(
         measured = metrics.METRICS[check.metric](
             got[name], ref_out[name], tol, got_all=got, ref_all=ref_out, **context
         )
+        below_quality = tol.quality is not None and measured.value > tol.quality
+        detail = f"{name}: {measured.detail}" if measured.detail else ""
+        if below_quality and measured.value <= tol.threshold:
+            detail = f"{detail}; above the quality target {tol.quality:g}"
         verdict = Verdict(
             passed=measured.value <= tol.threshold,
             metric=f"{name}:{tol.describe(check.metric)}",
             value=measured.value,
             threshold=tol.threshold,
-            reason=f"{name}: {measured.detail}" if measured.detail else "",
+            reason=detail,
             relaxation=relaxed,
+            below_quality=below_quality,
         )
         if not verdict.passed:
             return verdict
         verdicts.append(verdict)
+    warned = [v for v in verdicts if v.below_quality]
+    if warned:
+        return warned[0]
     return max(verdicts, key=lambda v: v.value / v.threshold if v.threshold else v.value)
 
 

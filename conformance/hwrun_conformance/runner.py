@@ -188,7 +188,8 @@ def conformant(results: list[Result], platform: str, accept_known_failures: bool
 def judge(job: Job, reply: Reply, batch_claimed: bool, known: tuple[KnownFailure, ...]) -> Result:
     """The final status of one job from the worker's reply: CRASH/TIMEOUT as they came, the
     verdict's PASS/FAIL, a failed BATCH case not claimed -> NOT_SUPPORTED, a failed advisory
-    case -> QUALITY_WARNING, a broken case with a known-failure entry -> KNOWN_FAILURE."""
+    case or a pass above the quality target -> QUALITY_WARNING, a broken case with a
+    known-failure entry -> KNOWN_FAILURE."""
     case = job.case
     base = Result(
         platform=job.platform,
@@ -224,7 +225,9 @@ def judge(job: Job, reply: Reply, batch_claimed: bool, known: tuple[KnownFailure
                 status=Status.NOT_SUPPORTED,
                 reason=f"not batch-invariant (not claimed): {result.reason}",
             )
-        elif result.status == Status.FAIL and not case.must_pass:
+        elif (result.status == Status.FAIL and not case.must_pass) or (
+            result.status == Status.PASS and verdict.get("below_quality")
+        ):
             result = replace(result, status=Status.QUALITY_WARNING)
     entry = find_known_failure(known, job.platform, case.op, case.name)
     if entry is not None and result.status in BROKEN:

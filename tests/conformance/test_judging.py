@@ -102,3 +102,26 @@ def test_reports_hold_every_row(tmp_path: Path) -> None:
     summary = summary_markdown(rows)
     assert "| `attn.lse_combine` | FAIL 1 · PASS 1 | NOT_SUPPORTED 1 |" in summary
     assert "**not conformant** | conformant |" in summary
+
+
+def test_quality_target_between_pass_and_fail() -> None:
+    import torch
+
+    from hwrun_conformance.execute import run_case
+
+    case = Case(
+        op="kda.step",  # tolerance row: float32 atol = rtol = 1e-4, quality target 0.5
+        name="q",
+        spec=OpSpec(op="kda.step", dtype="float32"),
+        build=lambda g: Sample({"x": torch.zeros(4)}, ("o",)),
+        checks={"o": Check("allclose")},
+    )
+    job = Job("p", case, OpImpl(op=case.op, name="k", platform="p", fn=lambda: None), "cpu")
+
+    def status(offset: float) -> Status:
+        verdict = run_case(case, lambda x: x + offset, lambda x: x.clone(), platform="p")
+        return judge(job, Reply("verdict", verdict.__dict__), False, ()).status
+
+    assert status(0.0) == Status.PASS
+    assert status(0.7e-4) == Status.QUALITY_WARNING
+    assert status(2e-4) == Status.FAIL
