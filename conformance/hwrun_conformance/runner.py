@@ -87,6 +87,7 @@ def plan(plugins: PluginSet, platform: str, options: RunOptions) -> Plan:
     contracts = catalogue()
     registry = plugins.registry(platform)
     device = options.device or platform_device(plugins, platform)
+    arch = _arch(plugins, platform) if device != "cpu" else None
     result = Plan()
     for op in uncovered(contracts):
         if fnmatchcase(op, options.ops):
@@ -109,7 +110,7 @@ def plan(plugins: PluginSet, platform: str, options: RunOptions) -> Plan:
         for case in cases:
             if options.quick and not case.quick:
                 continue
-            spec = replace(case.spec, device_type=device)
+            spec = replace(case.spec, device_type=device, arch=arch)
             refusals: dict[str, list[str]] = {}
             for impl in impls:
                 reasons = _reasons(impl, spec)
@@ -131,6 +132,12 @@ def platform_device(plugins: PluginSet, platform: str) -> str:
         if torch.cuda.is_available():
             return "cuda"
     return "cpu"
+
+
+def _arch(plugins: PluginSet, platform: str) -> str | None:
+    """The architecture impls validate against: the platform's first device's (e.g. sm_90)."""
+    devices = plugins.devices(platform)
+    return devices[0].arch if devices else None
 
 
 def run(
