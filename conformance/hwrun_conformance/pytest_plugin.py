@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
-from hwrun_conformance.runner import DEFAULT_TIMEOUT_S
+from hwrun_conformance.runner import DEFAULT_TIMEOUT_S, Job, Result
 
 _RESULTS_KEY = pytest.StashKey[list]()
 
@@ -32,15 +33,15 @@ class PlannedCase:
     """One test: a job to run, or a result already decided (NOT_SUPPORTED) when planning."""
 
     platform: str
-    job: object | None
-    decided: object | None
+    job: Job | None
+    decided: Result | None
 
     @property
     def test_id(self) -> str:
-        item = self.job if self.job is not None else self.decided
         if self.job is not None:
             return f"{self.platform}:{self.job.case.case_id}[{self.job.impl.name}]"
-        return f"{self.platform}:{item.op}/{item.case}"
+        assert self.decided is not None
+        return f"{self.platform}:{self.decided.op}/{self.decided.case}"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -57,10 +58,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_RESULTS_KEY] = []
 
 
-def _option(config: pytest.Config, name: str, default):
-    # getoption with a default: when the package's conftest loads this plugin late (a --pyargs
-    # run without -p), the options exist only with their defaults.
-    return config.getoption(name, default) if config.getoption(name, None) is not None else default
+def _option(config: pytest.Config, name: str, default: Any) -> Any:
+    # With a default: when the package's conftest loads this plugin late (a --pyargs run
+    # without -p), pytest parsed the command line before the option existed.
+    return config.getoption(name, default)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
