@@ -9,7 +9,7 @@ from hwrun.formats import fp8, int4, mxfp4, nvfp4
 from hwrun.formats.e8m0 import decode_e8m0
 from hwrun.formats.index_keys import get_index_key_format
 
-from .conftest import E2M1, ml_codes
+from .conftest import E2M1, E4M3, ml_codes
 
 SEEDS = st.integers(0, 2**31)
 EXPONENTS = st.integers(-30, 30)
@@ -83,3 +83,20 @@ def test_chunked_encoders_match_ml_dtypes_and_torchao_across_chunk_boundaries():
     assert torch.equal(packed, ao_packed.view(torch.uint8))
     back = mxfp4.dequantize_mxfp4(packed, scales)
     assert back.shape == blocks.shape and bool(torch.isfinite(back).all())
+
+
+FLOAT32S = st.lists(st.floats(width=32, allow_nan=False), min_size=1, max_size=64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(FLOAT32S)
+def test_any_float32_encodes_like_ml_dtypes_e4m3(values):
+    x = torch.tensor(values, dtype=torch.float32)
+    assert torch.equal(fp8.encode_e4m3(x), ml_codes(x.clamp(-448, 448), E4M3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(FLOAT32S)
+def test_any_float32_encodes_like_ml_dtypes_e2m1(values):
+    x = torch.tensor(values, dtype=torch.float32)
+    assert torch.equal(mxfp4.encode_e2m1(x), ml_codes(x, E2M1))
