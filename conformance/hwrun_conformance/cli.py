@@ -18,8 +18,8 @@ from hwrun.errors import HwrunError
 from hwrun.plugins import load_plugins
 from hwrun_conformance.known_failures import KNOWN_FAILURES, load_known_failures
 from hwrun_conformance.report import STYLE, summary_table, write_reports
-from hwrun_conformance.runner import DEFAULT_TIMEOUT_S, Result, RunOptions, conformant, run
-from hwrun_conformance.status import Status
+from hwrun_conformance.runner import Result, RunOptions, conformant, run
+from hwrun_conformance.status import DEFAULT_TIMEOUT_S, Status
 
 
 @click.command()

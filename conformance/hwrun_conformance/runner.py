@@ -19,10 +19,9 @@ from hwrun_conformance.audit import audit
 from hwrun_conformance.case import BATCH, Case
 from hwrun_conformance.cases import all_cases, uncovered
 from hwrun_conformance.known_failures import KNOWN_FAILURES, KnownFailure, find_known_failure
-from hwrun_conformance.status import BROKEN, CONFORMANT, Status
+from hwrun_conformance.status import BROKEN, CONFORMANT, DEFAULT_TIMEOUT_S, Status
 from hwrun_conformance.worker import Reply, WorkerClient
 
-DEFAULT_TIMEOUT_S = 120.0
 BATCH_FEATURE = "batch_invariant"
 UNCOVERED = "uncovered"  # the kind of the row an op without cases gets
 

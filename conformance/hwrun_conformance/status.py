@@ -20,3 +20,6 @@ CONFORMANT = frozenset({Status.PASS, Status.NOT_SUPPORTED, Status.QUALITY_WARNIN
 
 BROKEN = frozenset({Status.FAIL, Status.CRASH, Status.TIMEOUT})
 """Statuses a known-failure entry may turn into KNOWN_FAILURE."""
+
+DEFAULT_TIMEOUT_S = 120.0
+"""Seconds one case may run before its worker is killed and the case is TIMEOUT."""
