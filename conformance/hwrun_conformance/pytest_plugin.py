@@ -1,6 +1,6 @@
 """The conformance cases as pytest tests, for vendors' own pytest tooling.
 
-    pytest -p hwrun_conformance.pytest_plugin --pyargs hwrun_conformance --hwrun-platform P
+    pytest --pyargs hwrun_conformance --hwrun-platform P
     pytest path/to/hwrun_conformance --hwrun-platform P      # the package's conftest loads this
     HWRUN_PLATFORM=P pytest --pyargs hwrun_conformance        # no options: the platform knob
 
@@ -9,10 +9,11 @@ Each (platform, case, impl) is one test run in the same worker process as `hwrun
 KNOWN_FAILURE is an xfail with its entry's reason, QUALITY_WARNING passes with a warning, FAIL,
 CRASH and TIMEOUT fail. One more test per platform runs the capability audit over the results.
 
-Why ``-p`` (or a path) for ``--hwrun-platform``: pytest parses the command line before it
-imports a package named by ``--pyargs``, so an option defined in the package's conftest is not
-known yet. The plugin is deliberately not a ``pytest11`` entry point, which would load it into
-every pytest run of every environment hwrun is installed in.
+This module is the ``pytest11`` entry point of the hwrun distribution (pytest parses the
+command line before it imports a ``--pyargs`` package, so the options must come from an entry
+point). It is therefore loaded into every pytest run where hwrun is installed: it stays light,
+importing no torch, and acts only on the conformance package's own tests. Without an install
+(a tree on PYTHONPATH), ``-p hwrun_conformance.pytest_plugin`` loads it.
 """
 
 from __future__ import annotations
