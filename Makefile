@@ -30,7 +30,7 @@ platforms: $(STAMP)
 
 conformance: $(STAMP)
 	$(BIN)/hwrun platforms
-	$(BIN)/hwrun conformance --platform all --report reports
+	$(BIN)/hwrun conformance --platform all --report reports/conformance
 
 # CPU benchmarks; the GPU one (bench/gpu_ops.py) runs on a CUDA machine, see docs/benchmarks.md.
 bench: $(STAMP)
