@@ -103,7 +103,7 @@ def test_disabled_entry_points_leave_only_the_reference(monkeypatch):
 def test_hooks_are_called_per_plugin(plugin_dir):
     plugin_set = load_plugins([good_plugin(plugin_dir, "solo")])
     assert plugin_set.capabilities("solo").ops == {"demo.add"}
-    assert plugin_set.capabilities("nvidia").ops == frozenset()
+    assert "demo.add" not in plugin_set.capabilities("nvidia").ops
     registry = plugin_set.registry("solo")
     assert [i.name for i in registry.impls("demo.add")] == ["fast"]
     assert plugin_set.registry("nvidia").impls("demo.add") == []
