@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check --no-cache .
+	$(BIN)/ruff format --check --no-cache .
 
 test: lint
 	$(BIN)/python -m pytest -q
