@@ -1,4 +1,5 @@
-"""Every HWRUN_* environment variable, read here and nowhere else.
+"""Every HWRUN_* environment variable, read here and nowhere else (and the one variable of
+another tool hwrun's own decisions depend on: Triton's TRITON_INTERPRET).
 
 Each knob is a function so tests (and long-lived processes) see the current environment.
 """
@@ -15,6 +16,11 @@ KNOBS: dict[str, str] = {
     "reference, reported as a fallback. 0: such an op is an error.",
     "HWRUN_COLLECTIVE_TIMEOUT_S": "Seconds a collective of the default torch.distributed "
     "communicator may wait for its peers before every rank raises (default 60).",
+    "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
+    "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "
+    "(slow: for CI and debugging; vendor-library adapters still need their device). Triton reads "
+    "it when a kernel is decorated, so it must be set before hwrun's kernel modules are "
+    "imported; worker processes inherit it.",
 }
 
 
@@ -45,3 +51,8 @@ def reference_fallback() -> bool:
 def collective_timeout_s() -> float:
     raw = os.environ.get("HWRUN_COLLECTIVE_TIMEOUT_S", "").strip()
     return float(raw) if raw else 60.0
+
+
+def triton_interpret() -> bool:
+    # Triton's C++ getenv_bool: only "1", "true" and "on" (any case) switch it on.
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "on"}

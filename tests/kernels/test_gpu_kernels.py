@@ -7,11 +7,11 @@ Skipped on machines without a CUDA device (CI); run on the H200 with
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 import torch
 
+from hwrun import knobs
 from hwrun.formats.index_keys import get_index_key_format
 from hwrun.formats.latent import get_latent_format
 from hwrun.ops import indexer as ref_indexer
@@ -19,7 +19,7 @@ from hwrun.ops import sparse_mla as ref_mla
 from hwrun.ops.topk import topk as ref_topk
 
 pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+    not torch.cuda.is_available() or knobs.triton_interpret(),
     reason="needs a CUDA GPU and compiled Triton (the interpreter tests cover CPU)",
 )
 needs_deepgemm = pytest.mark.skipif(

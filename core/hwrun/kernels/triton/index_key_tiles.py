@@ -12,10 +12,10 @@ TRITON_INTERPRET=1 the non-fp8 path computes in fp32 instead (``WIDE`` below).
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
+
+from hwrun import knobs
 
 FMT_FP8 = 0
 FMT_MXFP4 = 1
@@ -73,7 +73,7 @@ def fp8_key_scores(elem_rows, scale_rows, n_mask, qt, Q_FP8: tl.constexpr, WIDE:
 def _use_ptx_unpack() -> bool:
     import torch
 
-    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    interpreting = knobs.triton_interpret()
     return not interpreting and torch.version.cuda is not None and torch.version.hip is None
 
 
@@ -176,7 +176,7 @@ def weighted_relu_sum(scores, w, NEXT_N: tl.constexpr, HP: tl.constexpr):
 
 def wide_dtype():
     """The dtype non-fp8 queries and keys are multiplied in: bf16, fp32 in the interpreter."""
-    return tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
+    return tl.float32 if knobs.triton_interpret() else tl.bfloat16
 
 
 def padded_heads(num_heads: int) -> int:

@@ -24,6 +24,7 @@ from hwrun.kernels.triton.index_key_tiles import (
     weighted_relu_sum,
     wide_dtype,
 )
+from hwrun.kernels.triton.interpreter import prepare_launch
 
 KEY_FORMATS = {"fp8": (FMT_FP8, 128, 4), "mxfp4": (FMT_MXFP4, 64, 4)}  # code, elem B, scale B
 HEAD_DIM = 128
@@ -168,6 +169,7 @@ def logits_paged(
         raise ValueError(f"logits_paged: block_size must be a power of two, got {block_size}")
     q_fp8 = q.dtype == torch.float8_e4m3fn
     table = block_table.to(torch.int32)
+    prepare_launch()
     _paged_logits_kernel[(B, splits)](
         q.contiguous(),
         weights.contiguous().float(),
@@ -281,6 +283,7 @@ def logits_ragged(
     if M == 0 or N == 0:
         return out
     grid = (triton.cdiv(N, block_n), triton.cdiv(M, rows))
+    prepare_launch()
     _ragged_logits_kernel[grid](
         q.contiguous(),
         weights.contiguous().float(),

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.indexer_logits import KEY_FORMATS
+from hwrun.kernels.triton.interpreter import prepare_launch
 
 LATENT_FMTS = {"bf16": (0, 1152), "fp8_ds_mla": (1, 656)}
 
@@ -178,6 +179,7 @@ def write_index_keys(
     if T == 0:
         return
     keys = keys if keys.stride(1) == 1 else keys.contiguous()
+    prepare_launch()
     _write_index_keys_kernel[(triton.cdiv(T, block_t),)](
         keys,
         slots.contiguous(),
@@ -223,6 +225,7 @@ def write_latent(
         return
     nope = nope if nope.stride(1) == 1 else nope.contiguous()
     rope = rope if rope.stride(1) == 1 else rope.contiguous()
+    prepare_launch()
     _write_latent_kernel[(T,)](
         nope,
         rope,

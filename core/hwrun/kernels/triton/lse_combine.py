@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hwrun.kernels.triton.interpreter import prepare_launch
+
 
 @triton.jit
 def _lse_combine_kernel(
@@ -74,6 +76,7 @@ def combine_parts(
     block_d = triton.next_power_of_2(D)
     # Few rows (decode at batch 1): one row per program so every multiprocessor gets work.
     block_p = 1 if P < 4096 else max(1, min(16, 4096 // block_d))
+    prepare_launch()
     _lse_combine_kernel[(triton.cdiv(P, block_p),)](
         outs.contiguous(),
         lses.contiguous(),

@@ -2,9 +2,9 @@
 
 Program (row, head block, V part, split) gathers BLOCK_N latent rows at a time straight from
 the paged cache and runs an online softmax in base 2. An fp8_ds_mla row is read as stored
-(656 B): each of its four 128-wide NoPE groups is converted to bf16 exactly and its fp32 scale
-is applied to the group's score product (QK) and folded into P (PV), so no dequantized row is
-ever written. The value is the NoPE part, so PV reuses the tiles QK loaded. With V_PARTS < 4 a
+(656 B): each of its four 128-wide NoPE groups is dequantized in registers as the format
+decodes it (e4m3 times the bf16-rounded scale, rounded to bf16), so no dequantized row is ever
+written to memory. The value is the NoPE part, so PV reuses the tiles QK loaded. With V_PARTS < 4 a
 program owns only part of the 512 output columns (it recomputes the scores), which keeps the
 accumulators within registers at 64+ heads. With SPLITS > 1 the top-k list is cut into
 independent parts merged by lse_combine (decode at small batch has too few rows to fill the
@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
+from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.lse_combine import combine_parts
 
 LATENT_ROW_BYTES = {"bf16": 1152, "fp8_ds_mla": 656}
@@ -30,15 +31,16 @@ def _nope_group(rows, valid, g: tl.constexpr, FP8: tl.constexpr, WIDE: tl.conste
     d = tl.arange(0, 128)
     if FP8:
         raw = tl.load(rows[:, None] + g * 128 + d[None, :], mask=valid[:, None], other=0)
-        tile = raw.to(tl.float8e4nv, bitcast=True).to(WIDE)
+        codes = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         scale = tl.load((rows + 512 + 4 * g).to(tl.pointer_type(tl.float32)), mask=valid, other=0.0)
-        # FlashMLA (and the format's decode) round the scale to bf16 first.
+        # The format's decode (FlashMLA's): the scale rounded to bf16, then the product rounded
+        # to bf16 (leaving the product in fp32 moved the LSE by up to 3e-3).
         scale = scale.to(tl.bfloat16).to(tl.float32)
+        tile = (codes * scale[:, None]).to(tl.bfloat16).to(WIDE)
     else:
         ptrs = (rows + 256 * g).to(tl.pointer_type(tl.bfloat16))
         tile = tl.load(ptrs[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(WIDE)
-        scale = tl.full(valid.shape, 1.0, tl.float32)
-    return tile, scale
+    return tile
 
 
 @triton.jit
@@ -110,17 +112,17 @@ def _sparse_mla_decode_kernel(
         safe = tl.where(valid, slot, 0).to(tl.int64)
         offs = (safe // block_size) * cache_block_stride + (safe % block_size) * cache_row_stride
         rows = cache_ptr + tl.multiple_of(offs, 16)
-        k0, s0 = _nope_group(rows, valid, 0, FP8, WIDE)
-        k1, s1 = _nope_group(rows, valid, 1, FP8, WIDE)
-        k2, s2 = _nope_group(rows, valid, 2, FP8, WIDE)
-        k3, s3 = _nope_group(rows, valid, 3, FP8, WIDE)
+        k0 = _nope_group(rows, valid, 0, FP8, WIDE)
+        k1 = _nope_group(rows, valid, 1, FP8, WIDE)
+        k2 = _nope_group(rows, valid, 2, FP8, WIDE)
+        k3 = _nope_group(rows, valid, 3, FP8, WIDE)
         rope_ptrs = (rows + (528 if FP8 else 1024)).to(tl.pointer_type(tl.bfloat16))
         kr = tl.load(rope_ptrs[:, None] + d_rope[None, :], mask=valid[:, None], other=0.0).to(WIDE)
 
-        s = tl.dot(q0, tl.trans(k0)) * s0[None, :]
-        s += tl.dot(q1, tl.trans(k1)) * s1[None, :]
-        s += tl.dot(q2, tl.trans(k2)) * s2[None, :]
-        s += tl.dot(q3, tl.trans(k3)) * s3[None, :]
+        s = tl.dot(q0, tl.trans(k0))
+        s += tl.dot(q1, tl.trans(k1))
+        s += tl.dot(q2, tl.trans(k2))
+        s += tl.dot(q3, tl.trans(k3))
         s += tl.dot(qr, tl.trans(kr))
         s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
 
@@ -130,18 +132,18 @@ def _sparse_mla_decode_kernel(
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
-        # V group g is NoPE group g: its scale goes into P.
+        pw = p.to(WIDE)
         if V_PARTS == 4:
-            acc0 = acc0 * alpha[:, None] + tl.dot((p * s0[None, :]).to(WIDE), k0)
-            acc1 = acc1 * alpha[:, None] + tl.dot((p * s1[None, :]).to(WIDE), k1)
-            acc2 = acc2 * alpha[:, None] + tl.dot((p * s2[None, :]).to(WIDE), k2)
-            acc3 = acc3 * alpha[:, None] + tl.dot((p * s3[None, :]).to(WIDE), k3)
+            acc0 = acc0 * alpha[:, None] + tl.dot(pw, k0)
+            acc1 = acc1 * alpha[:, None] + tl.dot(pw, k1)
+            acc2 = acc2 * alpha[:, None] + tl.dot(pw, k2)
+            acc3 = acc3 * alpha[:, None] + tl.dot(pw, k3)
         elif v0 == 0:
-            acc0 = acc0 * alpha[:, None] + tl.dot((p * s0[None, :]).to(WIDE), k0)
-            acc1 = acc1 * alpha[:, None] + tl.dot((p * s1[None, :]).to(WIDE), k1)
+            acc0 = acc0 * alpha[:, None] + tl.dot(pw, k0)
+            acc1 = acc1 * alpha[:, None] + tl.dot(pw, k1)
         else:
-            acc0 = acc0 * alpha[:, None] + tl.dot((p * s2[None, :]).to(WIDE), k2)
-            acc1 = acc1 * alpha[:, None] + tl.dot((p * s3[None, :]).to(WIDE), k3)
+            acc0 = acc0 * alpha[:, None] + tl.dot(pw, k2)
+            acc1 = acc1 * alpha[:, None] + tl.dot(pw, k3)
 
     empty = l_i == 0.0
     inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, l_i))
@@ -214,6 +216,7 @@ def decode(
     part_lse = torch.empty((splits, rows, H), dtype=torch.float32, device=q.device)
     lens = topk_length.reshape(rows).to(torch.int32) if topk_length is not None else slots
     grid = (rows, triton.cdiv(H, block_h) * (4 // v_parts), splits)
+    prepare_launch()
     _sparse_mla_decode_kernel[grid](
         q.reshape(rows, H, 576).contiguous(),
         cache,

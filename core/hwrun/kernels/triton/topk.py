@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hwrun.kernels.triton.interpreter import prepare_launch
+
 RADIX_BITS = 8
 NUM_BINS = 1 << RADIX_BITS
 PASSES = 32 // RADIX_BITS
@@ -241,6 +243,7 @@ def topk(
     state = torch.empty((PASSES + 1, R, 4), dtype=torch.int32, device=logits.device)
     hist = torch.zeros((PASSES, R, NUM_BINS), dtype=torch.int32, device=logits.device)
     args = (logits, starts_c, ends_c, state, hist, logits.stride(0), R, L, k)
+    prepare_launch()
     for p in range(PASSES):
         _histogram_pass[(R, chunks)](*args, chunk, PASS=p, BLOCK=block, num_warps=num_warps)
     counters = torch.zeros((R, 2), dtype=torch.int32, device=logits.device)
