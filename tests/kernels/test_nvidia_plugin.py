@@ -1,9 +1,12 @@
-"""The NVIDIA plugin registers the Triton tier and says why it cannot serve CPU specs."""
+"""The NVIDIA plugin registers the Triton tier: CPU specs only in Triton's interpreter, CUDA
+specs by architecture; the adapters always need CUDA; claims follow what validate accepts."""
 
 from __future__ import annotations
 
+import pytest
+
 from hwrun.registry import OpRegistry, OpSpec
-from hwrun_nvidia import plugin
+from hwrun_nvidia import device_checks, plugin
 
 TRITON_OPS = {
     "indexer.logits_paged",
@@ -28,26 +31,60 @@ def test_triton_tier_covers_the_decode_ops():
         assert "triton" in [impl.name for impl in registry.impls(op)], op
 
 
-def test_validate_names_device_format_and_dtype():
-    impl = next(i for i in _registry().impls("indexer.logits_paged") if i.name == "triton")
-    reasons = impl.validate(
+def _triton(op: str):
+    return next(i for i in _registry().impls(op) if i.name == "triton")
+
+
+def test_validate_names_device_format_and_dtype(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    reasons = _triton("indexer.logits_paged").validate(
         OpSpec(op="indexer.logits_paged", dtype="int8", formats=("bf16",), device_type="cpu")
     )
     text = " | ".join(reasons)
-    assert "needs them on 'cuda'" in text
+    assert "tensors are on 'cpu'" in text and "TRITON_INTERPRET=1" in text
     assert "['bf16'] not supported" in text
     assert "query dtype int8" in text
 
 
-def test_fp8_queries_need_sm89():
-    impl = next(i for i in _registry().impls("indexer.logits_paged") if i.name == "triton")
-    reasons = impl.validate(
+def test_interpreter_serves_cpu_specs(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for op in TRITON_OPS:
+        assert _triton(op).validate(OpSpec(op=op, device_type="cpu")) == [], op
+
+
+def test_adapters_still_need_cuda_under_the_interpreter(monkeypatch: pytest.MonkeyPatch):
+    from hwrun_nvidia import deepgemm, flashmla
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    spec = OpSpec(op="indexer.logits_paged", device_type="cpu")
+    assert any("needs them on 'cuda'" in r for r in deepgemm._validate(spec, paged=True))
+    assert any("needs them on 'cuda'" in r for r in flashmla._validate(spec, decode=True))
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_claims_follow_what_validate_accepts(monkeypatch: pytest.MonkeyPatch, interpret: str):
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    monkeypatch.setattr(plugin, "detect_nvml", list)  # no NVIDIA GPU on this host
+    claims = plugin.hwrun_capabilities()
+    if interpret == "0":
+        assert not claims.ops and not claims.formats and not claims.features
+        return
+    assert claims.ops == TRITON_OPS
+    assert claims.formats == {"fp8", "mxfp4", "fp8_ds_mla", "bf16"}
+    assert "batch_invariant:attn.lse_combine" in claims.features
+    assert "batch_invariant:indexer.topk" not in claims.features  # atomics order the output
+
+
+def test_fp8_queries_need_sm89(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(device_checks, "_cuda_available", lambda: True)
+    reasons = _triton("indexer.logits_paged").validate(
         OpSpec(op="indexer.logits_paged", dtype="float8_e4m3fn", device_type="cuda", arch="sm_80")
     )
     assert any("sm_89 or newer" in r for r in reasons)
 
 
 def test_sparse_mla_triton_refuses_nvfp4_latents():
-    impl = next(i for i in _registry().impls("sparse_mla.decode") if i.name == "triton")
-    reasons = impl.validate(OpSpec(op="sparse_mla.decode", formats=("nvfp4_ds_mla",)))
+    reasons = _triton("sparse_mla.decode").validate(
+        OpSpec(op="sparse_mla.decode", formats=("nvfp4_ds_mla",))
+    )
     assert any("nvfp4_ds_mla" in r for r in reasons)

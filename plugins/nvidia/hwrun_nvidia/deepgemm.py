@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from hwrun.kernels.triton.registration import dtype_reasons, format_reasons
 from hwrun.registry import OpImpl, OpRegistry, OpSpec
-from hwrun_nvidia.device_checks import cuda_reasons, dtype_reasons, format_reasons, importable
+from hwrun_nvidia.device_checks import cuda_reasons, importable
 
 DEEPGEMM_HEADS = (32, 64)
 

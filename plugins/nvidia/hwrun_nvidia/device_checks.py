@@ -9,7 +9,10 @@ from __future__ import annotations
 import importlib.util
 from functools import cache
 
+from hwrun.kernels.triton.registration import TritonKernel
 from hwrun.registry import OpSpec
+
+TUNED_FOR = "defaults tuned on the H200"
 
 
 @cache
@@ -50,21 +53,7 @@ def cuda_reasons(spec: OpSpec, min_sm: int = 80) -> list[str]:
     return reasons
 
 
-def triton_reasons(spec: OpSpec, min_sm: int = 80) -> list[str]:
-    reasons = cuda_reasons(spec, min_sm)
-    if not importable("triton"):
-        reasons.append("Triton is not installed (pip install triton)")
-    return reasons
-
-
-def format_reasons(spec: OpSpec, supported: tuple[str, ...], what: str) -> list[str]:
-    unsupported = [f for f in spec.formats if f not in supported]
-    if unsupported:
-        return [f"{what} format(s) {unsupported} not supported here; supported: {list(supported)}"]
-    return []
-
-
-def dtype_reasons(spec: OpSpec, supported: tuple[str, ...], what: str) -> list[str]:
-    if spec.dtype is not None and spec.dtype not in supported:
-        return [f"{what} dtype {spec.dtype} not supported here; supported: {list(supported)}"]
-    return []
+def triton_device_reasons(spec: OpSpec, kernel: TritonKernel) -> list[str]:
+    """A Triton kernel on a CUDA device: sm_80+, sm_89+ where it multiplies in fp8 (the fp8
+    tensor cores); Triton converts OCP e4m3fn codes on every such architecture."""
+    return cuda_reasons(spec, min_sm=89 if kernel.fp8_dot(spec) else 80)

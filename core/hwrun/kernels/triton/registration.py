@@ -1,0 +1,360 @@
+"""The portable Triton tier as registrable impls, shared by the vendor plugins.
+
+What a kernel itself can compute (formats, dtypes, head dim, block sizes) is the same on every
+vendor and lives here, in ``TritonKernel.limits``. What a device adds (is there one, is its
+architecture new enough, does it compute OCP fp8) is the plugin's: it passes
+``device_reasons(spec, kernel)``, answered from the two facts a kernel states about a spec
+(``fp8_dot``: it multiplies in fp8; ``reads_e4m3fn``: it converts OCP e4m3fn codes through
+Triton's fp8 type). :func:`host_reasons` is the part every plugin shares: Triton must be
+installed, and CPU tensors run only in Triton's interpreter (``TRITON_INTERPRET=1``).
+
+The host functions import their kernel module at the first call, so loading a plugin imports
+neither Triton nor the kernels.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hwrun import knobs
+from hwrun.registry import OpImpl, OpRegistry, OpSpec
+
+if TYPE_CHECKING:
+    import torch
+
+TRITON_PRIORITY = 10  # under vendor-library adapters (20), over nothing: the portable floor
+INDEX_KEY_FORMATS = ("fp8", "mxfp4")
+QUERY_DTYPES = ("float8_e4m3fn", "bfloat16", "float16", "float32")
+LATENT_FORMATS_DECODE = ("fp8_ds_mla", "bf16")
+INPUT_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _never(spec: OpSpec) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class TritonKernel:
+    """One op's portable kernel: the host function and what it can compute."""
+
+    op: str
+    fn: Callable[..., Any]
+    limits: Callable[[OpSpec], list[str]]  # reasons the kernel itself cannot serve a spec
+    description: str
+    formats: tuple[str, ...] = ()  # storage formats it reads or writes (the claim's candidates)
+    fp8_dot: Callable[[OpSpec], bool] = _never  # multiplies in fp8 (needs fp8 matrix units)
+    reads_e4m3fn: Callable[[OpSpec], bool] = _never  # decodes OCP e4m3fn through Triton's fp8
+    # By construction on every device: each output element is computed by one program in a
+    # fixed order whatever the batch (the conformance BATCH cases check it). Not where the
+    # launch grid or an atomic's order depends on the batch.
+    batch_invariant: bool = True
+
+
+DeviceReasons = Callable[[OpSpec, TritonKernel], list[str]]
+
+
+def format_reasons(spec: OpSpec, supported: tuple[str, ...], what: str) -> list[str]:
+    unsupported = [f for f in spec.formats if f not in supported]
+    if unsupported:
+        return [f"{what} format(s) {unsupported} not supported here; supported: {list(supported)}"]
+    return []
+
+
+def dtype_reasons(spec: OpSpec, supported: tuple[str, ...], what: str) -> list[str]:
+    if spec.dtype is not None and spec.dtype not in supported:
+        return [f"{what} dtype {spec.dtype} not supported here; supported: {list(supported)}"]
+    return []
+
+
+def host_reasons(spec: OpSpec) -> list[str]:
+    """Reasons shared by every vendor: Triton must import; CPU tensors need the interpreter."""
+    reasons = []
+    if importlib.util.find_spec("triton") is None:
+        reasons.append("Triton is not installed (pip install triton)")
+    if spec.device_type == "cpu" and not knobs.triton_interpret():
+        reasons.append(
+            "tensors are on 'cpu': the Triton kernels need a GPU, or Triton's CPU interpreter "
+            "(set TRITON_INTERPRET=1 before hwrun starts)"
+        )
+    return reasons
+
+
+def validator(kernel: TritonKernel, device_reasons: DeviceReasons) -> Callable[[OpSpec], list[str]]:
+    """The impl's validate: host reasons, the device's (accelerator specs only), the kernel's."""
+
+    def validate(spec: OpSpec) -> list[str]:
+        reasons = host_reasons(spec)
+        if spec.device_type != "cpu":
+            reasons += device_reasons(spec, kernel)
+        return reasons + kernel.limits(spec)
+
+    return validate
+
+
+def register_family(
+    registry: OpRegistry, family: str, device_reasons: DeviceReasons, tuned_for: str
+) -> None:
+    """Register the Triton kernels of one op family (``FAMILIES``) on a platform.
+
+    ``device_reasons`` is asked only for specs on an accelerator (CPU specs are the
+    interpreter's, see :func:`host_reasons`); ``tuned_for`` ends each impl's description.
+    """
+    for kernel in FAMILIES[family]:
+        registry.register(
+            OpImpl(
+                op=kernel.op,
+                name="triton",
+                platform=registry.platform,
+                fn=kernel.fn,
+                validate=validator(kernel, device_reasons),
+                priority=TRITON_PRIORITY,
+                description=f"Triton: {kernel.description} ({tuned_for})",
+            )
+        )
+
+
+@dataclass(frozen=True)
+class TierClaims:
+    ops: frozenset[str]
+    formats: frozenset[str]
+    features: frozenset[str]  # batch_invariant:<op> per claimed batch-invariant op
+
+
+def tier_claims(
+    families: tuple[str, ...], device_reasons: DeviceReasons, device_type: str, arch: str | None
+) -> TierClaims:
+    """What the Triton tier serves on this host, asked of the impls' own validate: an op whose
+    validate accepts a spec with only the host's device (and arch) filled in, and each of its
+    formats it accepts there. On a host with neither a device nor the interpreter that is
+    nothing, so a plugin never claims an op whose every case would be refused."""
+    ops, formats, features = set(), set(), set()
+    for family in families:
+        for kernel in FAMILIES[family]:
+            validate = validator(kernel, device_reasons)
+            if validate(OpSpec(kernel.op, device_type=device_type, arch=arch)):
+                continue
+            ops.add(kernel.op)
+            if kernel.batch_invariant:
+                features.add(f"batch_invariant:{kernel.op}")
+            for fmt in kernel.formats:
+                spec = OpSpec(kernel.op, formats=(fmt,), device_type=device_type, arch=arch)
+                if not validate(spec):
+                    formats.add(fmt)
+    return TierClaims(frozenset(ops), frozenset(formats), frozenset(features))
+
+
+# Host functions: the contract's arguments, the kernel's defaults (tuned on the H200).
+
+
+def _logits_paged(
+    q: torch.Tensor,  # [B, n, H, 128]
+    weights: torch.Tensor,  # [B * n, H] float32
+    cache: torch.Tensor,  # [num_blocks, block_size * bytes_per_token] uint8
+    fmt: str,
+    block_table: torch.Tensor,  # [B, max_blocks] int32
+    context_lens: torch.Tensor,  # [B, n] int32
+    max_ctx: int,
+) -> torch.Tensor:  # [B * n, max_ctx] float32
+    from hwrun.kernels.triton.indexer_logits import logits_paged
+
+    return logits_paged(q, weights, cache, fmt, block_table, context_lens, max_ctx)
+
+
+def _logits_ragged(
+    q: torch.Tensor,  # [M, H, 128]
+    weights: torch.Tensor,  # [M, H] float32
+    key_elements: torch.Tensor,  # [N, element_bytes] uint8
+    key_scales: torch.Tensor,  # [N, scale_bytes] uint8
+    fmt: str,
+    ks: torch.Tensor,  # [M] int32
+    ke: torch.Tensor,  # [M] int32
+) -> torch.Tensor:  # [M, N] float32
+    from hwrun.kernels.triton.indexer_logits import logits_ragged
+
+    return logits_ragged(q, weights, key_elements, key_scales, fmt, ks, ke)
+
+
+def _topk(
+    logits: torch.Tensor,  # [R, L] float32
+    starts: torch.Tensor,  # [R] int32
+    ends: torch.Tensor,  # [R] int32
+    k: int,
+) -> torch.Tensor:  # [R, k] int32
+    from hwrun.kernels.triton.topk import topk
+
+    return topk(logits, starts, ends, k)
+
+
+def _decode(
+    q: torch.Tensor,  # [B, s, H, 576] bfloat16
+    cache: torch.Tensor,  # [num_blocks, block_size, row_bytes] uint8
+    fmt: str,
+    slots: torch.Tensor,  # [B, s, k] int32
+    softmax_scale: float,
+    topk_length: torch.Tensor | None = None,  # [B, s] int32
+    attn_sink: torch.Tensor | None = None,  # [H] float32
+    latent_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, s, H, 512], lse [B, s, H] float32
+    from hwrun.kernels.triton.sparse_mla import decode
+
+    return decode(q, cache, fmt, slots, softmax_scale, topk_length, attn_sink, latent_scale)
+
+
+def _lse_combine(
+    outs: torch.Tensor,  # [W, ..., D]
+    lses: torch.Tensor,  # [W, ...] float32
+) -> tuple[torch.Tensor, torch.Tensor]:  # out [..., D], lse [...]
+    from hwrun.kernels.triton.lse_combine import lse_combine
+
+    return lse_combine(outs, lses)
+
+
+def _write_latent(
+    cache: torch.Tensor,  # [num_blocks, block_size, row_bytes] uint8
+    nope: torch.Tensor,  # [T, 512]
+    rope: torch.Tensor,  # [T, 64]
+    slots: torch.Tensor,  # [T] int32
+    fmt: str,
+    scale: float | None = None,
+) -> None:
+    from hwrun.kernels.triton.kv_write import write_latent
+
+    write_latent(cache, nope, rope, slots, fmt, scale)
+
+
+def _write_index_keys(
+    cache: torch.Tensor,  # [num_blocks, block_size * bytes_per_token] uint8
+    keys: torch.Tensor,  # [T, 128]
+    slots: torch.Tensor,  # [T] int32
+    fmt: str,
+) -> None:
+    from hwrun.kernels.triton.kv_write import write_index_keys
+
+    write_index_keys(cache, keys, slots, fmt)
+
+
+# Limits of each kernel, whatever the device.
+
+
+def _logits_limits(spec: OpSpec) -> list[str]:
+    reasons = format_reasons(spec, INDEX_KEY_FORMATS, "index-key")
+    reasons += dtype_reasons(spec, QUERY_DTYPES, "query")
+    if spec.head_dim not in (None, 128):
+        reasons.append(f"head_dim must be 128, got {spec.head_dim}")
+    if spec.block_size is not None and spec.block_size & (spec.block_size - 1):
+        reasons.append(f"block_size must be a power of two, got {spec.block_size}")
+    return reasons
+
+
+def _topk_limits(spec: OpSpec) -> list[str]:
+    return dtype_reasons(spec, ("float32",), "logits")
+
+
+def _decode_limits(spec: OpSpec) -> list[str]:
+    reasons = format_reasons(spec, LATENT_FORMATS_DECODE, "latent")
+    reasons += dtype_reasons(spec, ("bfloat16", "float16"), "query")
+    if spec.head_dim not in (None, 576):
+        reasons.append(f"head_dim must be 576 (absorbed MLA), got {spec.head_dim}")
+    return reasons
+
+
+def _lse_combine_limits(spec: OpSpec) -> list[str]:
+    return dtype_reasons(spec, ("float32", "bfloat16", "float16"), "outs")
+
+
+def _latent_write_limits(spec: OpSpec) -> list[str]:
+    return format_reasons(spec, ("fp8_ds_mla", "bf16"), "latent") + dtype_reasons(
+        spec, INPUT_DTYPES, "input"
+    )
+
+
+def _index_key_write_limits(spec: OpSpec) -> list[str]:
+    return format_reasons(spec, INDEX_KEY_FORMATS, "index-key") + dtype_reasons(
+        spec, INPUT_DTYPES, "input"
+    )
+
+
+def _fp8_queries(spec: OpSpec) -> bool:
+    return spec.dtype == "float8_e4m3fn"
+
+
+def _always(spec: OpSpec) -> bool:
+    # Both key formats are decoded as e4m3 (mxfp4's e2m1 values are re-coded as e4m3 bits).
+    return True
+
+
+def _fp8_latent(spec: OpSpec) -> bool:
+    return "fp8_ds_mla" in spec.formats
+
+
+FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
+    "indexer": (
+        TritonKernel(
+            "indexer.logits_paged",
+            _logits_paged,
+            _logits_limits,
+            "fp8 / mxfp4 keys read packed (68 B/token for mxfp4)",
+            INDEX_KEY_FORMATS,
+            fp8_dot=_fp8_queries,
+            reads_e4m3fn=_always,
+        ),
+        TritonKernel(
+            "indexer.logits_ragged",
+            _logits_ragged,
+            _logits_limits,
+            "fp8 / mxfp4 keys, one key tile against a group of rows",
+            INDEX_KEY_FORMATS,
+            fp8_dot=_fp8_queries,
+            reads_e4m3fn=_always,
+        ),
+        TritonKernel(
+            "indexer.topk",
+            _topk,
+            _topk_limits,
+            "radix select (8-bit histograms, smallest index wins ties)",
+            # Output slots are reserved with atomics: the set is fixed, the order is not on a GPU.
+            batch_invariant=False,
+        ),
+    ),
+    "sparse_mla": (
+        TritonKernel(
+            "sparse_mla.decode",
+            _decode,
+            _decode_limits,
+            "rows gathered from the paged cache as stored, online softmax",
+            LATENT_FORMATS_DECODE,
+            reads_e4m3fn=_fp8_latent,
+            # At small batch the top-k list is split into parts (how many depends on the rows),
+            # merged by lse_combine: the rounding changes with the batch.
+            batch_invariant=False,
+        ),
+    ),
+    "attn": (
+        TritonKernel(
+            "attn.lse_combine",
+            _lse_combine,
+            _lse_combine_limits,
+            "parts folded in index order, -inf parts add nothing",
+        ),
+    ),
+    "kv": (
+        # The writes compute e4m3 / e2m1 bits with integer arithmetic: no fp8 hardware involved.
+        TritonKernel(
+            "kv.write_latent",
+            _write_latent,
+            _latent_write_limits,
+            "quantize and scatter in one pass, fp8_ds_mla / bf16 rows",
+            ("fp8_ds_mla", "bf16"),
+        ),
+        TritonKernel(
+            "kv.write_index_keys",
+            _write_index_keys,
+            _index_key_write_limits,
+            "quantize and scatter in one pass, fp8 / mxfp4",
+            INDEX_KEY_FORMATS,
+        ),
+    ),
+}
