@@ -1,5 +1,9 @@
-"""Hooks of the AMD Instinct platform. Vendor libraries (AITER, FlyDSL) are not validated on
-hardware from this project; the portable tier is Triton."""
+"""Hooks of the AMD Instinct platform. Op implementations are registered per op family module.
+
+The portable Triton tier (kernels in core, shared with the NVIDIA plugin) is the whole of it:
+no AITER or FlyDSL adapter is registered, because none has been validated on hardware from this
+project.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,14 @@ from hwrun import API_VERSION
 from hwrun.deployment import Deployment, device_count_reasons
 from hwrun.devices import detect_amdsmi
 from hwrun.hookspecs import hookimpl
+from hwrun.kernels.triton.registration import tier_claims
 from hwrun.platform import Capabilities, PlatformInfo
 from hwrun.registry import OpRegistry
+from hwrun_amd import attn, indexer, kv, sparse_mla
+from hwrun_amd.device_checks import triton_device_reasons
 
 NAME = "amd"
+TRITON_FAMILIES = ("indexer", "sparse_mla", "attn", "kv")  # registered by the modules below
 
 
 @hookimpl
@@ -23,7 +31,7 @@ def hwrun_platform() -> PlatformInfo:
     return PlatformInfo(
         name=NAME,
         vendor="amd",
-        description="AMD Instinct GPUs (CDNA3/CDNA4): Triton tier + AITER/FlyDSL adapters",
+        description="AMD Instinct GPUs (CDNA3/CDNA4): portable Triton tier",
         device_source="amdsmi",
         version="0.1.0",
     )
@@ -31,17 +39,33 @@ def hwrun_platform() -> PlatformInfo:
 
 @hookimpl
 def hwrun_register_ops(registry: OpRegistry) -> None:
-    """No AMD op implementations are registered yet."""
+    """The Triton tier for every op family; kernels are imported at the first call, so loading
+    the plugin stays cheap and works without a GPU."""
+    for family in (indexer, sparse_mla, attn, kv):
+        family.register(registry)
 
 
 @hookimpl
 def hwrun_capabilities() -> Capabilities:
+    """Claims computed from what the Triton tier's validate accepts on this host: the first AMD
+    GPU (its architecture decides fp8), else CPU tensors, which only Triton's interpreter
+    serves. Without either, nothing is claimed."""
+    devices = detect_amdsmi()
+    device_type, arch = ("cuda", devices[0].arch) if devices else ("cpu", None)
+    served = tier_claims(TRITON_FAMILIES, triton_device_reasons, device_type, arch)
     return Capabilities(
+        ops=served.ops,
+        formats=served.formats,
+        features=served.features,
         dtypes=frozenset({"bfloat16", "float16", "float32"}),
         notes=(
-            "gfx942 (MI300) computes FP8 in the FNUZ variant (float8_e4m3fnuz); "
+            "gfx942 (MI300) computes FP8 in the FNUZ variant (float8_e4m3fnuz): the Triton "
+            "kernels that read OCP e4m3fn codes (indexer logits, fp8_ds_mla decode) refuse it; "
             "gfx950 (MI355X) uses OCP e4m3fn and has native MXFP4.",
-            "Sparse MLA kernels there pad heads to a multiple of 16.",
+            "The Triton kernels pad heads in registers (any head count runs); AITER's sparse "
+            "MLA kernels would need heads padded to a multiple of 16.",
+            "The Triton kernels run with their H200-tuned defaults; not validated on AMD "
+            "hardware from this project.",
         ),
     )
 
