@@ -1,0 +1,64 @@
+"""The vendor plugins' portable Triton tier passes the quick conformance suite on CPU, in
+Triton's interpreter (TRITON_INTERPRET=1, set for the test session on machines without a GPU
+and inherited by the worker process), and the plugins claim exactly what it serves."""
+
+from __future__ import annotations
+
+import pytest
+
+from hwrun import knobs
+from hwrun.plugins import load_plugins
+from hwrun_conformance.runner import Result, RunOptions, conformant, run
+from hwrun_conformance.status import CONFORMANT, Status
+
+PLATFORMS = ("nvidia", "amd")
+TRITON_OPS = {
+    "indexer.logits_paged",
+    "indexer.logits_ragged",
+    "indexer.topk",
+    "sparse_mla.decode",
+    "attn.lse_combine",
+    "kv.write_latent",
+    "kv.write_index_keys",
+}
+
+pytestmark = pytest.mark.skipif(
+    not knobs.triton_interpret(),
+    reason="the interpreter path: on a GPU machine the cases run compiled (hwrun conformance)",
+)
+
+
+@pytest.fixture(scope="module")
+def results() -> list[Result]:
+    with pytest.MonkeyPatch.context() as env:
+        # Only the two vendor plugins, in this process and in the worker it starts.
+        env.setenv("HWRUN_DISABLE_ENTRY_POINTS", "1")
+        env.setenv("HWRUN_PLUGINS", "hwrun_nvidia.plugin,hwrun_amd.plugin")
+        return run(load_plugins(), list(PLATFORMS), RunOptions(quick=True))
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_quick_suite_is_conformant(results: list[Result], platform: str) -> None:
+    mine = [r for r in results if r.platform == platform and r.must_pass]
+    bad = [(r.op, r.case, r.status, r.reason) for r in mine if r.status not in CONFORMANT]
+    assert conformant(results, platform), bad
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_the_triton_impls_serve_the_cases(results: list[Result], platform: str) -> None:
+    rows = [r for r in results if r.platform == platform and r.op in TRITON_OPS]
+    served = {r.op for r in rows if r.impl == "triton" and r.status == Status.PASS}
+    assert served == TRITON_OPS
+    # What is refused is refused for the kernel's limits (a format), never for the CPU.
+    refused = [r.reason for r in rows if r.status == Status.NOT_SUPPORTED]
+    assert not [reason for reason in refused if "TRITON_INTERPRET" in reason], refused
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_claims_hold_and_are_complete(results: list[Result], platform: str) -> None:
+    audit = [r for r in results if r.platform == platform and r.op == "capabilities"]
+    assert audit and all(r.status == Status.PASS for r in audit), audit
+    unclaimed = [r.case for r in audit if "not claimed" in r.reason]
+    assert not unclaimed, unclaimed
+    claimed_ops = {r.case.removeprefix("ops:") for r in audit if r.case.startswith("ops:")}
+    assert claimed_ops == TRITON_OPS
