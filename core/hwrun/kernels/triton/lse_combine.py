@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hwrun import knobs
 from hwrun.kernels.triton.interpreter import prepare_launch
 
 
@@ -76,6 +77,9 @@ def combine_parts(
     block_d = triton.next_power_of_2(D)
     # Few rows (decode at batch 1): one row per program so every multiprocessor gets work.
     block_p = 1 if P < 4096 else max(1, min(16, 4096 // block_d))
+    if knobs.triton_interpret():
+        # The interpreter pays per program (~40 ms here), not per element: few wide programs.
+        block_p = min(triton.next_power_of_2(P), max(1, 65536 // block_d))
     prepare_launch()
     _lse_combine_kernel[(triton.cdiv(P, block_p),)](
         outs.contiguous(),
