@@ -9,7 +9,8 @@ Two defects of Triton 3.6's interpreter are patched, both in the interpreter onl
 - It rounds fp32 -> bf16 by truncation (``x.to(tl.bfloat16)`` and every store of fp32 values to
   a bf16 tensor), where the GPUs round to nearest even, as torch does: a whole bf16 ulp of error
   instead of half, enough to move a bf16 output past the conformance quality target. The patch
-  rounds to nearest even (NaN stays NaN); explicit round-toward-zero keeps truncating.
+  rounds to nearest even (NaN stays NaN); explicit round-toward-zero keeps truncating. Its
+  bf16 -> fp32 also loses subnormals, where the exact widening is a 16-bit shift.
 
 Every kernel host function calls :func:`prepare_launch` before it launches, so any process that
 runs the kernels (a test, a conformance worker, ``hwrun serve``) gets the patches.
@@ -29,6 +30,10 @@ def bf16_round_to_nearest_even(values: np.ndarray) -> np.ndarray:  # float32 -> 
     rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
     quiet_nan = ((bits >> 16) | 0x0040).astype(np.uint16)
     return np.where(np.isnan(values), quiet_nan, rounded)
+
+
+def bf16_widen(bits: np.ndarray) -> np.ndarray:  # uint16 bf16 bits -> float32, exactly
+    return (np.ascontiguousarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def prepare_launch() -> None:
@@ -55,6 +60,8 @@ def prepare_launch() -> None:
             and rounding_mode != round_toward_zero
         ):
             return bf16_round_to_nearest_even(data)
+        if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
+            return bf16_widen(data)
         return original_convert(data, input_dtype, output_dtype, rounding_mode)
 
     interpreter._patch_lang_tensor = patch_lang_tensor
