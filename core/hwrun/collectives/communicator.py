@@ -114,7 +114,9 @@ class TorchDistributedCommunicator(Communicator):
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.contiguous().reshape(-1)
         out = torch.empty(self._world_size * flat.numel(), dtype=x.dtype, device=x.device)
-        self._run("all_gather", x, lambda: dist.all_gather_single(out, flat, group=self._group))
+        self._run(
+            "all_gather", x, lambda: dist.all_gather_into_tensor(out, flat, group=self._group)
+        )
         return out.view(self._world_size, *x.shape)
 
     def all_to_all(
