@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
+# torch 2.13 renamed all_gather_into_tensor to all_gather_single and deprecated the old name;
+# torch 2.11 (the H200 machine's) has only the old one.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 class CollectiveError(HwrunError):
     """A collective that could not complete: a peer failed, hung, or the inputs disagree."""
@@ -114,9 +118,7 @@ class TorchDistributedCommunicator(Communicator):
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.contiguous().reshape(-1)
         out = torch.empty(self._world_size * flat.numel(), dtype=x.dtype, device=x.device)
-        self._run(
-            "all_gather", x, lambda: dist.all_gather_into_tensor(out, flat, group=self._group)
-        )
+        self._run("all_gather", x, lambda: _all_gather_flat(out, flat, group=self._group))
         return out.view(self._world_size, *x.shape)
 
     def all_to_all(
