@@ -171,7 +171,9 @@ def _gather_pass(
             key = _sortable_key(tl.load(row_ptr + idx, mask=idx < L, other=0.0))
             top = key & hmask
             is_above = valid & (top > prefix)
-            is_equal = valid & (top == prefix) & (flag == 1)
+            # flag 1 lets every key at the prefix in. A broadcast of flag == 1 rather than a
+            # scalar `&`: Triton 3.9's interpreter turns block & scalar-bool into int32 data.
+            is_equal = valid & (top == prefix) & (tl.zeros_like(offs) + flag == 1)
             rel = idx - start
             # One atomic per block and operand (per-element atomics on one counter serialize:
             # 2048 of them cost ~0.2 ms for a single row); ranks inside the block by a scan.
