@@ -53,6 +53,10 @@ class Footprint:
         }
 
 
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def parallel_reasons(model: ModelSpec, tp: int, dcp: int) -> list[str]:
     """Every reason ``model`` cannot run at this TP / DCP size (empty when it can)."""
     reasons = []
@@ -62,7 +66,8 @@ def parallel_reasons(model: ModelSpec, tp: int, dcp: int) -> list[str]:
     if tp % dcp:
         reasons.append(
             f"DCP size {dcp} must divide the TP size {tp}: the DCP group is carved out of the "
-            f"TP group (try --tp {dcp * ((tp + dcp - 1) // dcp)})"
+            f"TP group (at --tp {tp} use --dcp {' / '.join(str(d) for d in _divisors(tp))}, "
+            f"or raise --tp to {dcp * ((tp + dcp - 1) // dcp)})"
         )
     kda_heads = sorted({layer.kda.heads for layer in model.layers if layer.kda is not None})
     for heads in kda_heads:
