@@ -37,6 +37,21 @@ def _no_reasons(spec: OpSpec) -> list[str]:
     return []
 
 
+def format_reasons(spec: OpSpec, supported: tuple[str, ...], what: str) -> list[str]:
+    """The spec's formats that an impl serving only ``supported`` cannot take, as a reason."""
+    unsupported = [f for f in spec.formats if f not in supported]
+    if unsupported:
+        return [f"{what} format(s) {unsupported} not supported here; supported: {list(supported)}"]
+    return []
+
+
+def dtype_reasons(spec: OpSpec, supported: tuple[str, ...], what: str) -> list[str]:
+    """The spec's dtype, when an impl serving only ``supported`` cannot take it, as a reason."""
+    if spec.dtype is not None and spec.dtype not in supported:
+        return [f"{what} dtype {spec.dtype} not supported here; supported: {list(supported)}"]
+    return []
+
+
 @dataclass(frozen=True)
 class OpImpl:
     """One implementation of one op. ``fn`` takes the op's documented arguments."""

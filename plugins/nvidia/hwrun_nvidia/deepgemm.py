@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from hwrun.kernels.triton.registration import dtype_reasons, format_reasons
-from hwrun.registry import OpImpl, OpRegistry, OpSpec
+from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_reasons
 from hwrun_nvidia.device_checks import cuda_reasons, importable
 
 DEEPGEMM_HEADS = (32, 64)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hwrun import knobs
-from hwrun.registry import OpImpl, OpRegistry, OpSpec
+from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_reasons
 
 if TYPE_CHECKING:
     import torch
@@ -54,19 +54,6 @@ class TritonKernel:
 
 
 DeviceReasons = Callable[[OpSpec, TritonKernel], list[str]]
-
-
-def format_reasons(spec: OpSpec, supported: tuple[str, ...], what: str) -> list[str]:
-    unsupported = [f for f in spec.formats if f not in supported]
-    if unsupported:
-        return [f"{what} format(s) {unsupported} not supported here; supported: {list(supported)}"]
-    return []
-
-
-def dtype_reasons(spec: OpSpec, supported: tuple[str, ...], what: str) -> list[str]:
-    if spec.dtype is not None and spec.dtype not in supported:
-        return [f"{what} dtype {spec.dtype} not supported here; supported: {list(supported)}"]
-    return []
 
 
 def host_reasons(spec: OpSpec) -> list[str]:
