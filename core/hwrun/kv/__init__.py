@@ -5,7 +5,7 @@
 - ``layout``: ``plan_packed_layout(model, tp, dcp) -> PackedLayout``, the packed row.
 - ``views``: the cache tensor, strided page views, kernel-page pools and id translation.
 - ``capacity``: KV budget, pool tokens, concurrent requests, decode bytes read.
-- ``plan_command``: ``hwrun plan``.
+- ``plan_report``: the whole plan of a model as data (``hwrun plan`` prints it).
 """
 
 from hwrun.kv.capacity import Capacity, decode_read_fraction, kv_budget, plan_capacity
