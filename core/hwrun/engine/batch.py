@@ -1,0 +1,38 @@
+"""The contract between the scheduler and the model runner: what one step computes.
+
+A step is a list of :class:`ScheduledChunk`, one per scheduled sequence: a run of consecutive
+positions of that sequence whose tokens are known (a prefill chunk, or the one new token of a
+decode). The runner writes their KV into the sequence's blocks, attends over everything before
+them, and returns the logits the sampler needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Positions ``[start, start + len(token_ids))`` of one sequence, computed this step."""
+
+    seq_id: int
+    token_ids: list[int]  # the tokens at those positions
+    start: int  # position of token_ids[0]; every earlier position is already in the cache
+    block_table: list[int]  # the sequence's KV blocks, covering at least start + len(token_ids)
+    needs_logits: bool  # the chunk ends at the sequence's last known token: sample after it
+    all_logits: bool = False  # logits at every position of the chunk (prompt logprobs)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass
+class ChunkLogits:
+    """Logits of one chunk: ``[n, V]`` float32 for every position when ``all_logits``, else
+    ``[1, V]`` for the last position, or None when the chunk needs none."""
+
+    seq_id: int
+    logits: torch.Tensor | None

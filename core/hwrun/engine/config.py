@@ -1,0 +1,67 @@
+"""What the user asked the engine for, checked once: model, platform, formats, pool, batching."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LATENT_DTYPES = ("bf16", "fp8_ds_mla", "nvfp4_ds_mla")
+INDEX_DTYPES = ("bf16", "fp8", "mxfp4")
+
+
+def default_model_dir() -> Path:
+    """The small model shipped inside hwrun (used when no ``--model`` is given)."""
+    return Path(__file__).resolve().parent.parent / "default_model"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine options (the flags of ``hwrun generate`` / ``hwrun serve``).
+
+    The KV pool is sized by ``num_kv_tokens`` when given, else by ``kv_cache_memory`` bytes,
+    else to hold ``max_num_seqs`` sequences of ``max_model_len`` tokens.
+    """
+
+    model: str | None = None  # checkpoint directory; None: the embedded default model
+    platform: str = "auto"
+    device: str | None = None  # torch device; None: the Target's
+    kv_cache_dtype: str = "bf16"  # latent format
+    index_dtype: str = "bf16"  # index-key format
+    max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    num_kv_tokens: int | None = None
+    kv_cache_memory: int | None = None  # bytes
+    enable_prefix_caching: bool = True
+    batch_invariant: bool = False
+    allow_fallback: bool = True  # an op the platform cannot serve may run on the reference
+    seed: int = 0
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def model_dir(self) -> Path:
+        return Path(self.model) if self.model else default_model_dir()
+
+    def problems(self) -> list[str]:
+        """Every reason these options cannot run, each saying what to change."""
+        reasons = []
+        if self.kv_cache_dtype not in LATENT_DTYPES:
+            reasons.append(
+                f"--kv-cache-dtype {self.kv_cache_dtype!r} is not a latent format; "
+                f"choose one of {', '.join(LATENT_DTYPES)}"
+            )
+        if self.index_dtype not in INDEX_DTYPES:
+            reasons.append(
+                f"--index-dtype {self.index_dtype!r} is not an index-key format; "
+                f"choose one of {', '.join(INDEX_DTYPES)}"
+            )
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                reasons.append(f"--{name.replace('_', '-')} must be >= 1")
+        for name in ("max_model_len", "num_kv_tokens", "kv_cache_memory"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                reasons.append(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if not self.model_dir.is_dir():
+            reasons.append(f"model directory {self.model_dir} does not exist")
+        return reasons

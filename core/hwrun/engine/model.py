@@ -1,0 +1,269 @@
+"""DeepSeek-V3.2 (``DeepseekV32ForCausalLM``) as a graph of hwrun op contracts.
+
+Per layer, for the step's flat token batch (every op below goes through the :class:`OpTable`;
+only dense linears, norms and RoPE are plain torch):
+
+1. MLA projections: ``q = q_b(rms(q_a(x)))`` split into NoPE / RoPE parts, the NoPE part absorbed
+   into the latent space (``q_nope @ W_UK``), so every head's query is 576 wide; the latent
+   ``c = rms(kv_a(x)[:512])`` and its rotated ``k_rope``.
+2. ``kv.write_latent`` / ``kv.write_index_keys`` store the new tokens' latent rows and index keys
+   in the packed cache, in the configured formats.
+3. The DSA indexer's scores: ``indexer.logits_ragged`` for prefill rows (keys gathered from the
+   cache into one contiguous run), ``indexer.logits_paged`` for decode rows; ``indexer.topk``
+   keeps ``index_topk`` positions per row; ``indexer.to_slots`` turns decode positions into
+   cache slots.
+4. ``sparse_mla.prefill`` over the gathered, decoded latent rows of each prefill sequence;
+   ``sparse_mla.decode`` over the cache slots of each decode row; the 512-wide output is
+   projected per head by ``W_UV`` and ``o_proj``.
+5. Dense MLP (the first ``first_k_dense_replace`` layers) or MoE: ``moe.route`` (sigmoid scores,
+   grouped top-k with correction bias, routed scaling) and ``moe.experts`` (routed + shared).
+
+All per-step metadata arrives in :class:`StepMetadata`; nothing is global. In batch-invariant
+mode every dense product and norm runs one row at a time, so a token's bits never depend on
+what it is batched with (the op impls promise the same through their own batch invariance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
+from hwrun.engine.op_table import ModelFormats, OpTable
+from hwrun.engine.rope import RotaryEmbedding, rotate_halves, rotate_interleaved
+from hwrun.engine.weights import AttentionWeights, DenseMLPWeights, ModelWeights, MoEWeights
+from hwrun.formats.index_keys import get_index_key_format
+from hwrun.formats.latent import get_latent_format
+from hwrun.kv.layout import PackedLayout
+from hwrun.kv.views import index_key_view, latent_view
+from hwrun.ops.indexer import INDEX_HEAD_DIM
+
+NORM_EPS = 1e-6  # q_a / kv_a RMSNorms and the indexer's key LayerNorm (fixed in the model code)
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeRows:
+    """Tokens that extend a cached context by one (``indexer.logits_paged`` + sparse decode)."""
+
+    rows: torch.Tensor  # [B] int64, rows of the step's token batch
+    block_table: torch.Tensor  # [B, max_blocks] int32, -1 past each request's blocks
+    context_lens: torch.Tensor  # [B] int32, cached tokens including this one
+    max_context: int
+
+
+@dataclass(frozen=True, eq=False)
+class PrefillRows:
+    """Prefill chunks: each sequence's context ``[0, end)`` gathered into one run of keys."""
+
+    rows: torch.Tensor  # [Tp] int64, rows of the step's token batch
+    context_slots: torch.Tensor  # [N] int64, cache slots of the gathered context, per chunk
+    key_starts: torch.Tensor  # [Tp] int32, where each row's sequence starts in the gathered run
+    key_ends: torch.Tensor  # [Tp] int32, one past the row's own position in the gathered run
+
+
+@dataclass(frozen=True, eq=False)
+class StepMetadata:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slots: torch.Tensor  # [T] int32, where each token's KV is written
+    decode: DecodeRows | None
+    prefill: PrefillRows | None
+    logit_rows: torch.Tensor  # [R] int64, rows whose logits the step returns
+
+
+class DeepseekV32:
+    """The model's forward over a packed KV cache; holds weights, ops and cache views."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        ops: OpTable,
+        formats: ModelFormats,
+        layout: PackedLayout,
+        cache: torch.Tensor,  # [num_blocks, row_bytes] uint8 from allocate_cache
+        batch_invariant: bool = False,
+    ):
+        self.config, self.weights, self.ops, self.formats = config, weights, ops, formats
+        self.layout = layout
+        self.row_by_row = batch_invariant
+        self.latent_views = [latent_view(cache, layout, i) for i in range(config.num_layers)]
+        self.index_views = [index_key_view(cache, layout, i) for i in range(config.num_layers)]
+        self.latent_format = get_latent_format(formats.latent_format)
+        self.index_format = get_index_key_format(formats.index_format)
+        self.rotary = RotaryEmbedding(config.rope, cache.device)
+        self.dtype = weights.embed.dtype
+
+    @torch.inference_mode()
+    def forward(self, meta: StepMetadata) -> torch.Tensor:  # [R, V] float32
+        h = self.weights.embed[meta.input_ids]
+        cos, sin = self.rotary.cos_sin(meta.positions, self.dtype)
+        for index, layer in enumerate(self.weights.layers):
+            x = self._rms_norm(h, layer.input_norm, self.config.rms_norm_eps)
+            h = h + self._attention(index, layer.attention, x, cos, sin, meta)
+            x = self._rms_norm(h, layer.post_attention_norm, self.config.rms_norm_eps)
+            h = h + self._mlp(layer.mlp, x)
+        h = self._rms_norm(h[meta.logit_rows], self.weights.final_norm, self.config.rms_norm_eps)
+        return self.weights.lm_head(h, self.row_by_row).float()
+
+    # -- attention --------------------------------------------------------------------------
+
+    def _attention(
+        self,
+        index: int,
+        w: AttentionWeights,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: StepMetadata,
+    ) -> torch.Tensor:  # [T, hidden]
+        c = self.config
+        tokens = x.shape[0]
+        q_resid = self._rms_norm(w.q_a_proj(x, self.row_by_row), w.q_a_norm, NORM_EPS)
+        q = w.q_b_proj(q_resid, self.row_by_row).view(tokens, c.num_heads, c.qk_head_dim)
+        q_nope, q_rope = q.split([c.qk_nope_head_dim, ROPE_DIM], dim=-1)
+        q_latent = self._per_head(q_nope, w.w_uk, transpose=False)  # [T, H, 512]
+        q_mla = torch.cat([q_latent, rotate_interleaved(q_rope, cos, sin)], dim=-1)
+
+        compressed = w.kv_a_proj(x, self.row_by_row)
+        latent = self._rms_norm(compressed[:, :LATENT_RANK], w.kv_a_norm, NORM_EPS)
+        k_rope = rotate_interleaved(compressed[:, LATENT_RANK:], cos, sin)
+        self.ops["kv.write_latent"](
+            self.latent_views[index], latent, k_rope, meta.slots, self.formats.latent_format
+        )
+
+        q_index, index_weights, index_keys = self._indexer_inputs(w, x, q_resid, cos, sin)
+        self.ops["kv.write_index_keys"](
+            self.index_views[index], index_keys, meta.slots, self.formats.index_format
+        )
+
+        out = x.new_empty(tokens, c.num_heads, LATENT_RANK)
+        if meta.prefill is not None:
+            p = meta.prefill
+            out[p.rows] = self._prefill_attention(
+                index, q_mla[p.rows], q_index[p.rows], index_weights[p.rows], p
+            )
+        if meta.decode is not None:
+            d = meta.decode
+            out[d.rows] = self._decode_attention(
+                index, q_mla[d.rows], q_index[d.rows], index_weights[d.rows], d
+            )
+        values = self._per_head(out, w.w_uv, transpose=True)  # [T, H, v]
+        return w.o_proj(values.reshape(tokens, -1), self.row_by_row)
+
+    def _indexer_inputs(self, w: AttentionWeights, x, q_resid, cos, sin):
+        """The indexer's query [T, Hi, 128], head weights [T, Hi] fp32 and key [T, 128]."""
+        ix, tokens = w.indexer, x.shape[0]
+        q = ix.wq_b(q_resid, self.row_by_row).view(tokens, self.config.index_n_heads, -1)
+        q = torch.cat([rotate_halves(q[..., :ROPE_DIM], cos, sin), q[..., ROPE_DIM:]], dim=-1)
+        k = self._rows(
+            lambda rows: F.layer_norm(
+                rows, (INDEX_HEAD_DIM,), ix.k_norm_weight, ix.k_norm_bias, NORM_EPS
+            ),
+            ix.wk(x, self.row_by_row),
+        )
+        k = torch.cat([rotate_halves(k[:, :ROPE_DIM], cos, sin), k[:, ROPE_DIM:]], dim=-1)
+        # The score's scales (head count and softmax) are part of the weights, as the contract
+        # says: w * relu(q . k) == w * relu(q . k * s) / s for s > 0.
+        scale = self.config.index_n_heads**-0.5 * INDEX_HEAD_DIM**-0.5
+        weights = ix.weights_proj(x.float(), self.row_by_row) * scale
+        return q, weights, k
+
+    def _prefill_attention(self, index, q_mla, q_index, index_weights, p: PrefillRows):
+        block_size = self.layout.block_size
+        blocks, offsets = p.context_slots // block_size, p.context_slots % block_size
+        elements, scales = self.index_format.split_pages(self.index_views[index], block_size)
+        logits = self.ops["indexer.logits_ragged"](
+            q_index,
+            index_weights,
+            elements[blocks, offsets],
+            scales[blocks, offsets],
+            self.formats.index_format,
+            p.key_starts,
+            p.key_ends,
+        )
+        positions = self.ops["indexer.topk"](
+            logits, p.key_starts, p.key_ends, self.config.index_topk
+        )
+        # topk counts from each row's start; the workspace holds every chunk's context in turn.
+        workspace_rows = torch.where(positions >= 0, positions + p.key_starts[:, None], -1)
+        workspace = self.latent_format.decode(self.latent_views[index][blocks, offsets])
+        out, _ = self.ops["sparse_mla.prefill"](
+            q_mla, workspace, workspace_rows.to(torch.int32), self.config.softmax_scale
+        )
+        return out
+
+    def _decode_attention(self, index, q_mla, q_index, index_weights, d: DecodeRows):
+        batch = q_mla.shape[0]
+        logits = self.ops["indexer.logits_paged"](
+            q_index.unsqueeze(1),
+            index_weights,
+            self.index_views[index],
+            self.formats.index_format,
+            d.block_table,
+            d.context_lens.unsqueeze(1),
+            d.max_context,
+        )
+        starts = torch.zeros_like(d.context_lens)
+        positions = self.ops["indexer.topk"](logits, starts, d.context_lens, self.config.index_topk)
+        slots = self.ops["indexer.to_slots"](positions, d.block_table, self.layout.block_size)
+        out, _ = self.ops["sparse_mla.decode"](
+            q_mla.view(batch, 1, *q_mla.shape[1:]),
+            self.latent_views[index],
+            self.formats.latent_format,
+            slots.view(batch, 1, -1),
+            self.config.softmax_scale,
+        )
+        return out.view(batch, *out.shape[2:])
+
+    # -- MLP ----------------------------------------------------------------------------------
+
+    def _mlp(self, w: DenseMLPWeights | MoEWeights, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(w, DenseMLPWeights):
+            gate = w.gate_proj(x, self.row_by_row)
+            up = w.up_proj(x, self.row_by_row)
+            return w.down_proj(F.silu(gate) * up, self.row_by_row)
+        c = self.config
+        router_logits = self._rows(lambda rows: F.linear(rows.float(), w.router), x)
+        route_weights, ids = self.ops["moe.route"](
+            router_logits,
+            c.num_experts_per_tok,
+            scoring="sigmoid",
+            n_group=c.n_group,
+            topk_group=c.topk_group,
+            e_score_correction_bias=w.correction_bias,
+            renormalize=c.norm_topk_prob,
+            routed_scaling_factor=c.routed_scaling_factor,
+        )
+        return self.ops["moe.experts"](
+            x, w.w13, w.w2, ids, route_weights, "bf16", shared_experts=w.shared
+        )
+
+    # -- plain torch helpers --------------------------------------------------------------------
+
+    def _rows(self, fn, x: torch.Tensor) -> torch.Tensor:
+        """``fn`` over the rows of ``x``: all at once, or one at a time (batch-invariant)."""
+        if not self.row_by_row or x.shape[0] <= 1:
+            return fn(x)
+        return torch.cat([fn(x[i : i + 1]) for i in range(x.shape[0])])
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        def norm(rows: torch.Tensor) -> torch.Tensor:
+            xf = rows.float()
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+            return weight * xf.to(rows.dtype)
+
+        return self._rows(norm, x)
+
+    def _per_head(self, x: torch.Tensor, w: torch.Tensor, transpose: bool) -> torch.Tensor:
+        """Per-head products: ``x [T, H, a] @ w[h] [a, b]`` (``w [H, a, b]``), or with
+        ``transpose`` ``x [T, H, b] @ w[h].T`` (``w [H, a, b]`` -> ``[T, H, a]``)."""
+
+        def product(rows: torch.Tensor) -> torch.Tensor:
+            heads_first = rows.transpose(0, 1)  # [H, t, .]
+            out = heads_first @ (w.transpose(1, 2) if transpose else w)
+            return out.transpose(0, 1)
+
+        return self._rows(product, x)

@@ -1,0 +1,250 @@
+"""A scheduled step in, logits out: builds the step's metadata and runs the model on the pool.
+
+:func:`build_model_runner` is the engine's startup: it reads the checkpoint's config, resolves
+the platform's Target, loads the weights onto its device, plans the packed KV layout with hwrun's
+planner (one block = one row of every layer's latent and index-key pages), sizes and allocates the
+pool, and resolves every op for the model's real shapes (failing closed with every reason).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+
+from hwrun import knobs
+from hwrun.engine.batch import ChunkLogits, ScheduledChunk
+from hwrun.engine.config import EngineConfig
+from hwrun.engine.model import DecodeRows, DeepseekV32, PrefillRows, StepMetadata
+from hwrun.engine.model_config import ModelConfig, load_model_config
+from hwrun.engine.op_table import (
+    EngineStartupError,
+    ModelFormats,
+    OpChoice,
+    OpTable,
+    engine_op_specs,
+    resolve_ops,
+)
+from hwrun.engine.weights import MoEWeights, load_weights
+from hwrun.kv.layout import PackedLayout, plan_packed_layout
+from hwrun.kv.views import allocate_cache, kernel_id_reasons
+from hwrun.models.hf_config import spec_from_hf_config
+from hwrun.plugins import PluginSet, load_plugins
+
+BLOCK_SIZE = 64  # one kernel page per block: the strided cache views the ops take need it
+DEFAULT_POOL_BYTES = 1 << 30  # pool cap when neither --num-kv-tokens nor --kv-cache-memory
+
+
+@dataclass(frozen=True)
+class KVPool:
+    layout: PackedLayout
+    num_blocks: int
+    cache: torch.Tensor  # [num_blocks, row_bytes] uint8
+
+
+class ModelRunner:
+    """Runs scheduled chunks through the model; owns the KV pool and the op table."""
+
+    def __init__(
+        self,
+        model: DeepseekV32,
+        pool: KVPool,
+        model_config: ModelConfig,
+        ops: OpTable,
+        platform: str,
+        max_model_len: int,
+    ):
+        self.model, self.pool, self.model_config = model, pool, model_config
+        self.ops, self.platform = ops, platform
+        self.block_size = pool.layout.block_size
+        self.num_blocks = pool.num_blocks
+        self.max_model_len = max_model_len
+        self.vocab_size = model_config.vocab_size
+        self.eos_token_ids = model_config.eos_token_ids
+        self.eos_token_id = model_config.eos_token_ids[0] if model_config.eos_token_ids else None
+        self.device = pool.cache.device
+
+    @property
+    def op_table(self) -> list[OpChoice]:
+        return self.ops.choices
+
+    def execute(self, chunks: list[ScheduledChunk]) -> list[ChunkLogits]:
+        """Compute ``chunks`` (KV written to their blocks); logits where each chunk asks."""
+        if not chunks:
+            return []
+        meta, spans = self._metadata(chunks)
+        logits = self.model.forward(meta)
+        return [
+            ChunkLogits(chunk.seq_id, None if span is None else logits[span[0] : span[1]])
+            for chunk, span in zip(chunks, spans, strict=True)
+        ]
+
+    def _metadata(
+        self, chunks: list[ScheduledChunk]
+    ) -> tuple[StepMetadata, list[tuple[int, int] | None]]:
+        bs = self.block_size
+        ids, positions, slots, logit_rows, spans = [], [], [], [], []
+        decode_rows, decode_tables, decode_lens = [], [], []
+        prefill_rows, context_slots, key_starts, key_ends = [], [], [], []
+        for chunk in chunks:
+            self._check(chunk)
+            table = chunk.block_table
+            first_row = len(ids)
+            chunk_positions = range(chunk.start, chunk.end)
+            ids.extend(chunk.token_ids)
+            positions.extend(chunk_positions)
+            slots.extend(table[p // bs] * bs + p % bs for p in chunk_positions)
+            rows = range(first_row, len(ids))
+            if len(chunk.token_ids) == 1 and chunk.start > 0:
+                decode_rows.append(first_row)
+                decode_tables.append(table[: -(-chunk.end // bs)])
+                decode_lens.append(chunk.end)
+            else:
+                run_start = len(context_slots)
+                context_slots.extend(table[p // bs] * bs + p % bs for p in range(chunk.end))
+                prefill_rows.extend(rows)
+                key_starts.extend([run_start] * len(rows))
+                key_ends.extend(run_start + p + 1 for p in chunk_positions)
+            if chunk.all_logits:
+                spans.append((len(logit_rows), len(logit_rows) + len(rows)))
+                logit_rows.extend(rows)
+            elif chunk.needs_logits:
+                spans.append((len(logit_rows), len(logit_rows) + 1))
+                logit_rows.append(rows[-1])
+            else:
+                spans.append(None)
+
+        device = self.device
+
+        def tensor(values, dtype=torch.int64):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        decode = None
+        if decode_rows:
+            width = max(len(t) for t in decode_tables)
+            padded = [t + [-1] * (width - len(t)) for t in decode_tables]
+            decode = DecodeRows(
+                rows=tensor(decode_rows),
+                block_table=tensor(padded, torch.int32),
+                context_lens=tensor(decode_lens, torch.int32),
+                max_context=max(decode_lens),
+            )
+        prefill = None
+        if prefill_rows:
+            prefill = PrefillRows(
+                rows=tensor(prefill_rows),
+                context_slots=tensor(context_slots),
+                key_starts=tensor(key_starts, torch.int32),
+                key_ends=tensor(key_ends, torch.int32),
+            )
+        meta = StepMetadata(
+            input_ids=tensor(ids),
+            positions=tensor(positions),
+            slots=tensor(slots, torch.int32),
+            decode=decode,
+            prefill=prefill,
+            logit_rows=tensor(logit_rows),
+        )
+        return meta, spans
+
+    def _check(self, chunk: ScheduledChunk) -> None:
+        if not chunk.token_ids:
+            raise ValueError(f"sequence {chunk.seq_id}: a scheduled chunk must hold tokens")
+        if chunk.end > self.max_model_len:
+            raise ValueError(
+                f"sequence {chunk.seq_id}: position {chunk.end - 1} is past max_model_len "
+                f"{self.max_model_len}"
+            )
+        needed = -(-chunk.end // self.block_size)
+        if len(chunk.block_table) < needed or any(
+            not 0 <= b < self.num_blocks for b in chunk.block_table[:needed]
+        ):
+            raise ValueError(
+                f"sequence {chunk.seq_id}: positions up to {chunk.end - 1} need {needed} valid "
+                f"blocks (of {self.num_blocks}), got block table {chunk.block_table}"
+            )
+        bad = [t for t in chunk.token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"sequence {chunk.seq_id}: token ids {bad[:5]} outside the vocabulary "
+                f"[0, {self.vocab_size})"
+            )
+
+
+def _pool_blocks(config: EngineConfig, layout: PackedLayout, max_model_len: int) -> int:
+    per_sequence = -(-max_model_len // layout.block_size)
+    if config.num_kv_tokens is not None:
+        return -(-config.num_kv_tokens // layout.block_size)
+    if config.kv_cache_memory is not None:
+        return config.kv_cache_memory // layout.row_bytes
+    wanted = config.max_num_seqs * per_sequence
+    return max(min(wanted, DEFAULT_POOL_BYTES // layout.row_bytes), per_sequence)
+
+
+def build_model_runner(config: EngineConfig, plugins: PluginSet | None = None) -> ModelRunner:
+    """Start the engine's model side for ``config``; raises EngineStartupError (every reason)."""
+    problems = config.problems()
+    if problems:
+        raise EngineStartupError("the engine options cannot run", problems)
+    model_dir = config.model_dir
+    model_config = load_model_config(model_dir)
+    plugins = plugins or load_plugins()
+    platform = plugins.choose_platform(config.platform)
+    target = plugins.target(platform)
+    device = torch.device(config.device or target.torch_device())
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    max_model_len = config.max_model_len or model_config.max_position_embeddings
+
+    raw_config = json.loads((model_dir / "config.json").read_text())
+    spec = spec_from_hf_config(
+        raw_config, str(model_dir), config.kv_cache_dtype, config.index_dtype
+    )
+    layout = plan_packed_layout(spec, block_size=BLOCK_SIZE)
+    num_blocks = _pool_blocks(config, layout, max_model_len)
+    reasons = kernel_id_reasons(layout, num_blocks)
+    if num_blocks * layout.block_size < max_model_len:
+        reasons.append(
+            f"a pool of {num_blocks} blocks of {layout.block_size} tokens cannot hold one "
+            f"sequence of max_model_len {max_model_len}; raise --num-kv-tokens / "
+            f"--kv-cache-memory (a block is {layout.row_bytes} B) or lower --max-model-len"
+        )
+    if reasons:
+        raise EngineStartupError(f"the KV pool for {model_dir} cannot be planned", reasons)
+
+    weights = load_weights(model_dir, model_config, device, dtype)
+    moe = [layer.mlp for layer in weights.layers if isinstance(layer.mlp, MoEWeights)]
+    formats = ModelFormats(
+        dtype=str(dtype).removeprefix("torch."),
+        latent_format=config.kv_cache_dtype,
+        index_format=config.index_dtype,
+        expert_format=moe[0].w13.format if moe else "bf16",
+        block_size=layout.block_size,
+    )
+    arch = target.arch if device.type == target.device_type else None
+    specs = engine_op_specs(model_config, formats, device.type, arch)
+    ops = resolve_ops(
+        plugins.registry(platform),
+        specs,
+        allow_fallback=config.allow_fallback and knobs.reference_fallback(),
+        what=f"{model_dir.name} on platform {platform!r}",
+    )
+    pool = KVPool(layout, num_blocks, allocate_cache(layout, num_blocks, device))
+    model = DeepseekV32(
+        model_config, weights, ops, formats, layout, pool.cache, config.batch_invariant
+    )
+    return ModelRunner(model, pool, model_config, ops, platform, max_model_len)
+
+
+def pool_summary(runner: ModelRunner) -> str:
+    """One line on the pool: blocks, tokens, bytes per block."""
+    layout = runner.pool.layout
+    tokens = runner.num_blocks * layout.block_size
+    mib = runner.num_blocks * layout.row_bytes / 2**20
+    sequences = math.floor(tokens / runner.max_model_len)
+    return (
+        f"KV pool: {runner.num_blocks} blocks x {layout.block_size} tokens = {tokens} tokens, "
+        f"{layout.row_bytes} B per block ({mib:.1f} MiB): {sequences} sequences of "
+        f"{runner.max_model_len} tokens"
+    )

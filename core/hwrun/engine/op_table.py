@@ -1,0 +1,134 @@
+"""Which impl serves each op the engine calls, chosen once at startup for the model's shapes.
+
+The engine never calls a kernel: it calls the op contracts through this table. Startup builds one
+:class:`~hwrun.registry.OpSpec` per op from the model's real shapes and formats on the Target,
+asks the platform's registry, and refuses, listing every reason of every op at once, when an op
+cannot be served (or only by the reference while fallback is disallowed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hwrun.engine.model_config import ModelConfig
+from hwrun.errors import HwrunError, UnsupportedError
+from hwrun.ops.indexer import INDEX_HEAD_DIM
+from hwrun.ops.sparse_mla import QK_DIM
+from hwrun.registry import OpRegistry, OpSpec, Selection
+
+# Every op the DeepseekV32 graph calls, in the order a layer calls them.
+ENGINE_OPS: tuple[str, ...] = (
+    "kv.write_latent",
+    "kv.write_index_keys",
+    "indexer.logits_ragged",
+    "indexer.logits_paged",
+    "indexer.topk",
+    "indexer.to_slots",
+    "sparse_mla.prefill",
+    "sparse_mla.decode",
+    "moe.route",
+    "moe.experts",
+)
+
+
+class EngineStartupError(HwrunError):
+    """The engine cannot start for this model on this platform; ``reasons`` has them all."""
+
+    def __init__(self, what: str, reasons: list[str]):
+        self.reasons = reasons
+        listed = "\n".join(f"  - {r}" for r in reasons)
+        super().__init__(f"{what}:\n{listed}")
+
+
+@dataclass(frozen=True)
+class OpChoice:
+    """What serves one op: the impl's name and platform, and whether it is a fallback."""
+
+    op: str
+    impl: str
+    platform: str
+    fallback: bool
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class ModelFormats:
+    """The storage formats and shapes a model's ops run with."""
+
+    dtype: str  # activation dtype (torch name)
+    latent_format: str
+    index_format: str
+    expert_format: str  # moe.experts weight format
+    block_size: int
+
+
+def engine_op_specs(
+    config: ModelConfig, formats: ModelFormats, device_type: str, arch: str | None
+) -> list[OpSpec]:
+    """One spec per engine op, with the model's real shapes and formats on the device."""
+    common = {"device_type": device_type, "arch": arch}
+    index = {"formats": (formats.index_format,), "head_dim": INDEX_HEAD_DIM}
+    attention = {"num_heads": config.num_heads, "head_dim": QK_DIM, "topk": config.index_topk}
+    specs = [
+        OpSpec("kv.write_latent", formats.dtype, (formats.latent_format,),
+               block_size=formats.block_size),
+        OpSpec("kv.write_index_keys", formats.dtype, block_size=formats.block_size, **index),
+        OpSpec("indexer.logits_ragged", formats.dtype, num_heads=config.index_n_heads, **index),
+        OpSpec("indexer.logits_paged", formats.dtype, num_heads=config.index_n_heads,
+               block_size=formats.block_size, **index),
+        OpSpec("indexer.topk", "float32", topk=config.index_topk),
+        OpSpec("indexer.to_slots", block_size=formats.block_size, topk=config.index_topk),
+        OpSpec("sparse_mla.prefill", formats.dtype, **attention),
+        OpSpec("sparse_mla.decode", formats.dtype, (formats.latent_format,),
+               block_size=formats.block_size, **attention),
+        OpSpec("moe.route", "float32", topk=config.num_experts_per_tok),
+        OpSpec("moe.experts", formats.dtype, (formats.expert_format, "bf16"),
+               topk=config.num_experts_per_tok),
+    ]  # fmt: skip
+    return [replace(spec, **common) for spec in specs]
+
+
+class OpTable:
+    """The selected impl of every engine op; ``table["op"](...)`` calls it."""
+
+    def __init__(self, selections: dict[str, Selection]):
+        self._selections = selections
+        self._fns: dict[str, Callable[..., Any]] = {op: s.impl.fn for op, s in selections.items()}
+
+    def __getitem__(self, op: str) -> Callable[..., Any]:
+        return self._fns[op]
+
+    @property
+    def choices(self) -> list[OpChoice]:
+        return [
+            OpChoice(op, s.impl.name, s.impl.platform, s.fallback, s.impl.description)
+            for op, s in self._selections.items()
+        ]
+
+    @property
+    def num_fallbacks(self) -> int:
+        return sum(s.fallback for s in self._selections.values())
+
+
+def resolve_ops(
+    registry: OpRegistry, specs: list[OpSpec], allow_fallback: bool, what: str
+) -> OpTable:
+    """Select every op; raise EngineStartupError with every op's reasons when any is unserved."""
+    selections: dict[str, Selection] = {}
+    reasons: list[str] = []
+    for spec in specs:
+        try:
+            selections[spec.op] = registry.select(spec, allow_fallback=allow_fallback)
+        except UnsupportedError as err:
+            detail = "; ".join(f"{impl}: {', '.join(r)}" for impl, r in err.reasons.items())
+            reasons.append(f"{spec.op}: nothing can serve it ({detail or err})")
+    if reasons:
+        if not allow_fallback:
+            reasons.append(
+                "the reference fallback is off (--no-fallback / HWRUN_REFERENCE_FALLBACK=0); "
+                "allow it, or choose a platform whose impls accept these shapes and formats"
+            )
+        raise EngineStartupError(f"{what} cannot start", reasons)
+    return OpTable(selections)

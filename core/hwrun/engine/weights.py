@@ -1,0 +1,358 @@
+"""A DeepseekV32 checkpoint's tensors, loaded into the shapes the engine's graph uses.
+
+Names follow DeepSeek's Hugging Face checkpoints (what transformers saves, too): per-expert
+``mlp.experts.{e}.{gate,up,down}_proj``, ``mlp.gate`` the router, ``self_attn.indexer.*``.
+A weight stored as FP8 E4M3 with a sibling ``weight_scale_inv`` (fp32, one per 128x128 tile) is
+block-FP8 as DeepSeek ships it: ``w = fp8 * scale_inv`` tile by tile.
+
+- Dense linears are kept in the compute dtype (block-FP8 ones are decoded once at load time).
+- MLA's ``kv_b_proj`` is split into the absorbed ``W_UK [H, nope, 512]`` and ``W_UV [H, v, 512]``
+  (decode and prefill both attend in the 576-wide latent space).
+- Routed and shared experts become ``QuantizedWeight``s for ``moe.experts``: block-FP8 stays
+  FP8; bf16 stays bf16; fp32 is rounded to bf16 (``moe.experts`` has no fp32 weight format).
+
+Every expected tensor is checked (present, shape) before any is read; all problems are raised
+at once. Tensors the graph does not use (an MTP layer past ``num_hidden_layers``) are ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hwrun.checkpoint.safetensors_reader import CheckpointError, SafetensorsCheckpoint
+from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
+from hwrun.formats.fp8 import dequantize_fp8_block128
+from hwrun.ops.indexer import INDEX_HEAD_DIM
+from hwrun.ops.quantized_weight import QuantizedWeight
+
+FP8_BLOCK = 128
+_MAX_LISTED = 20
+
+
+@dataclass(frozen=True, eq=False)
+class Linear:
+    """``y = x @ weight.T`` with ``weight [out, in]`` in the compute dtype."""
+
+    weight: torch.Tensor
+
+    def __call__(self, x: torch.Tensor, row_by_row: bool = False) -> torch.Tensor:
+        if not row_by_row:
+            return F.linear(x, self.weight)
+        # One matrix-vector product per row: a BLAS picks its blocking by the row count, so
+        # only this gives a row the same bits in every batch (batch-invariant mode).
+        out = x.new_empty(*x.shape[:-1], self.weight.shape[0])
+        flat_in, flat_out = x.reshape(-1, x.shape[-1]), out.view(-1, self.weight.shape[0])
+        for row in range(flat_in.shape[0]):
+            flat_out[row : row + 1] = F.linear(flat_in[row : row + 1], self.weight)
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class IndexerWeights:
+    wq_b: Linear  # [Hi * 128, q_lora]
+    wk: Linear  # [128, hidden]
+    k_norm_weight: torch.Tensor  # [128] LayerNorm
+    k_norm_bias: torch.Tensor  # [128]
+    weights_proj: Linear  # [Hi, hidden], fp32 (transformers keeps it in fp32)
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionWeights:
+    q_a_proj: Linear  # [q_lora, hidden]
+    q_a_norm: torch.Tensor  # [q_lora]
+    q_b_proj: Linear  # [H * (nope + 64), q_lora]
+    kv_a_proj: Linear  # [512 + 64, hidden]
+    kv_a_norm: torch.Tensor  # [512]
+    w_uk: torch.Tensor  # [H, nope, 512]: q_nope -> latent query
+    w_uv: torch.Tensor  # [H, v, 512]: latent output -> value head
+    o_proj: Linear  # [hidden, H * v]
+    indexer: IndexerWeights
+
+
+@dataclass(frozen=True, eq=False)
+class DenseMLPWeights:
+    gate_proj: Linear
+    up_proj: Linear
+    down_proj: Linear
+
+
+@dataclass(frozen=True, eq=False)
+class MoEWeights:
+    router: torch.Tensor  # [E, hidden] fp32
+    correction_bias: torch.Tensor | None  # [E] fp32
+    w13: QuantizedWeight  # [E, 2I, hidden]
+    w2: QuantizedWeight  # [E, hidden, I]
+    shared: tuple[QuantizedWeight, QuantizedWeight] | None  # [2Is, hidden], [hidden, Is]
+
+
+@dataclass(frozen=True, eq=False)
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    post_attention_norm: torch.Tensor  # [hidden]
+    attention: AttentionWeights
+    mlp: DenseMLPWeights | MoEWeights
+
+
+@dataclass(frozen=True, eq=False)
+class ModelWeights:
+    embed: torch.Tensor  # [V, hidden]
+    layers: tuple[LayerWeights, ...]
+    final_norm: torch.Tensor  # [hidden]
+    lm_head: Linear  # [V, hidden]
+    weight_format: str  # "bf16", "fp32" or "fp8_block128": how the linears were stored
+
+    @property
+    def nbytes(self) -> int:
+        seen: set[int] = set()
+        total = 0
+
+        def add(t: torch.Tensor) -> None:
+            nonlocal total
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+
+        def walk(obj: object) -> None:
+            if isinstance(obj, torch.Tensor):
+                add(obj)
+            elif isinstance(obj, (tuple, list)):
+                for item in obj:
+                    walk(item)
+            elif hasattr(obj, "__dataclass_fields__"):
+                for name in obj.__dataclass_fields__:
+                    walk(getattr(obj, name))
+
+        walk(self)
+        return total
+
+
+class _Loader:
+    def __init__(self, path: Path, config: ModelConfig, device: torch.device, dtype: torch.dtype):
+        self.checkpoint = SafetensorsCheckpoint(path)
+        self.config, self.device, self.dtype = config, device, dtype
+        self.problems: list[str] = []
+
+    def expect(self, name: str, shape: tuple[int, ...]) -> None:
+        entry = self.checkpoint.entries.get(name)
+        if entry is None:
+            self.problems.append(f"{name}: missing (expected {list(shape)})")
+        elif entry.shape != shape:
+            self.problems.append(f"{name}: shape {list(entry.shape)}, expected {list(shape)}")
+        elif entry.dtype == "F8_E4M3":
+            scale_name = name.removesuffix("weight") + "weight_scale_inv"
+            tiles = (-(-shape[0] // FP8_BLOCK), -(-shape[1] // FP8_BLOCK))
+            scale = self.checkpoint.entries.get(scale_name)
+            if scale is None or scale.shape != tiles or scale.dtype != "F32":
+                got = "missing" if scale is None else f"{scale.dtype} {list(scale.shape)}"
+                self.problems.append(
+                    f"{scale_name}: an FP8 weight needs fp32 block scales {list(tiles)}, got {got}"
+                )
+
+    def is_fp8(self, name: str) -> bool:
+        return self.checkpoint.entries[name].dtype == "F8_E4M3"
+
+    def dense(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A tensor in ``dtype`` (default the compute dtype); block-FP8 decoded."""
+        dtype = dtype or self.dtype
+        raw = self.checkpoint.read(name, self.device)
+        if raw.dtype == torch.float8_e4m3fn:
+            scales = self.checkpoint.read(
+                name.removesuffix("weight") + "weight_scale_inv", self.device
+            )
+            return dequantize_fp8_block128(raw.view(torch.uint8), scales).to(dtype)
+        return raw.to(dtype)
+
+    def linear(self, name: str, dtype: torch.dtype | None = None) -> Linear:
+        return Linear(self.dense(name, dtype))
+
+    def quantized(self, names: list[str], label: str) -> QuantizedWeight:
+        """Weights stacked along rows (e.g. gate then up) as one QuantizedWeight."""
+        if all(self.is_fp8(n) for n in names):
+            codes = [self.checkpoint.read(n, self.device).view(torch.uint8) for n in names]
+            scales = [
+                self.checkpoint.read(n.removesuffix("weight") + "weight_scale_inv", self.device)
+                for n in names
+            ]
+            data, scale = torch.cat(codes), torch.cat(scales)
+            return QuantizedWeight("fp8_block128", tuple(data.shape), data, scale, name=label)
+        if any(self.is_fp8(n) for n in names):
+            raise CheckpointError(f"{label}: mixes FP8 and non-FP8 parts ({names})")
+        data = torch.cat([self.checkpoint.read(n, self.device) for n in names])
+        return QuantizedWeight("bf16", tuple(data.shape), data.to(torch.bfloat16), name=label)
+
+    def experts(self, names: list[list[str]], label: str) -> QuantizedWeight:
+        """Per-expert weights ``names[e]`` stacked into one ``[E, R, C]`` QuantizedWeight."""
+        per_expert = [self.quantized(parts, f"{label}[{e}]") for e, parts in enumerate(names)]
+        first = per_expert[0]
+        data = torch.stack([w.data for w in per_expert])
+        scales = None if first.scales is None else torch.stack([w.scales for w in per_expert])
+        return QuantizedWeight(
+            first.format, (len(per_expert), *first.shape), data, scales, name=label
+        )
+
+
+def _expected(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name the graph reads, with its logical shape."""
+    c = config
+    hidden, heads = c.hidden_size, c.num_heads
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (c.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+    }
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, hidden)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        shapes |= {
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            a + "q_a_proj.weight": (c.q_lora_rank, hidden),
+            a + "q_a_layernorm.weight": (c.q_lora_rank,),
+            a + "q_b_proj.weight": (heads * c.qk_head_dim, c.q_lora_rank),
+            a + "kv_a_proj_with_mqa.weight": (LATENT_RANK + ROPE_DIM, hidden),
+            a + "kv_a_layernorm.weight": (LATENT_RANK,),
+            a + "kv_b_proj.weight": (heads * (c.qk_nope_head_dim + c.v_head_dim), LATENT_RANK),
+            a + "o_proj.weight": (hidden, heads * c.v_head_dim),
+            a + "indexer.wq_b.weight": (c.index_n_heads * INDEX_HEAD_DIM, c.q_lora_rank),
+            a + "indexer.wk.weight": (INDEX_HEAD_DIM, hidden),
+            a + "indexer.k_norm.weight": (INDEX_HEAD_DIM,),
+            a + "indexer.k_norm.bias": (INDEX_HEAD_DIM,),
+            a + "indexer.weights_proj.weight": (c.index_n_heads, hidden),
+        }
+        m = p + "mlp."
+        if not c.moe_layers[i]:
+            inter = c.intermediate_size
+            shapes |= {
+                m + "gate_proj.weight": (inter, hidden),
+                m + "up_proj.weight": (inter, hidden),
+                m + "down_proj.weight": (hidden, inter),
+            }
+            continue
+        inter = c.moe_intermediate_size
+        shapes[m + "gate.weight"] = (c.n_routed_experts, hidden)
+        for e in range(c.n_routed_experts):
+            shapes |= {
+                f"{m}experts.{e}.gate_proj.weight": (inter, hidden),
+                f"{m}experts.{e}.up_proj.weight": (inter, hidden),
+                f"{m}experts.{e}.down_proj.weight": (hidden, inter),
+            }
+        if c.n_shared_experts:
+            shared = inter * c.n_shared_experts
+            shapes |= {
+                m + "shared_experts.gate_proj.weight": (shared, hidden),
+                m + "shared_experts.up_proj.weight": (shared, hidden),
+                m + "shared_experts.down_proj.weight": (hidden, shared),
+            }
+    return shapes
+
+
+def load_weights(
+    path: str | Path, config: ModelConfig, device: torch.device | str, dtype: torch.dtype
+) -> ModelWeights:
+    """Load the checkpoint at ``path`` for ``config`` onto ``device``; linears in ``dtype``.
+
+    :raises CheckpointError: listing every missing or mis-shaped tensor, before reading data.
+    """
+    loader = _Loader(Path(path), config, torch.device(device), dtype)
+    expected = _expected(config)
+    for name, shape in expected.items():
+        loader.expect(name, shape)
+    fp8_experts = [n for n in expected if ".experts." in n and loader.checkpoint.entries.get(n)]
+    if config.moe_intermediate_size % FP8_BLOCK and any(loader.is_fp8(n) for n in fp8_experts):
+        loader.problems.append(
+            f"FP8 experts need moe_intermediate_size to be a multiple of {FP8_BLOCK} (gate and "
+            f"up tiles stack into one w13), got {config.moe_intermediate_size}"
+        )
+    if loader.problems:
+        shown = loader.problems[:_MAX_LISTED]
+        more = len(loader.problems) - len(shown)
+        listed = "\n".join(f"  - {p}" for p in shown) + (f"\n  ... and {more} more" if more else "")
+        raise CheckpointError(f"checkpoint {path} does not fit its config.json:\n{listed}")
+    layers = tuple(_load_layer(loader, i) for i in range(config.num_layers))
+    embed = loader.dense("model.embed_tokens.weight")
+    head = embed if config.tie_word_embeddings else loader.dense("lm_head.weight")
+    linear_names = [n for n in expected if n.endswith("proj.weight")]
+    if any(loader.is_fp8(n) for n in linear_names):
+        weight_format = "fp8_block128"
+    else:
+        weight_format = (
+            "fp32" if loader.checkpoint.entries[linear_names[0]].dtype == "F32" else "bf16"
+        )
+    return ModelWeights(
+        embed=embed,
+        layers=layers,
+        final_norm=loader.dense("model.norm.weight"),
+        lm_head=Linear(head),
+        weight_format=weight_format,
+    )
+
+
+def _load_layer(loader: _Loader, index: int) -> LayerWeights:
+    c = loader.config
+    p = f"model.layers.{index}."
+    a = p + "self_attn."
+    kv_b = loader.dense(a + "kv_b_proj.weight").view(
+        c.num_heads, c.qk_nope_head_dim + c.v_head_dim, LATENT_RANK
+    )
+    indexer = IndexerWeights(
+        wq_b=loader.linear(a + "indexer.wq_b.weight"),
+        wk=loader.linear(a + "indexer.wk.weight"),
+        k_norm_weight=loader.dense(a + "indexer.k_norm.weight"),
+        k_norm_bias=loader.dense(a + "indexer.k_norm.bias"),
+        weights_proj=loader.linear(a + "indexer.weights_proj.weight", torch.float32),
+    )
+    attention = AttentionWeights(
+        q_a_proj=loader.linear(a + "q_a_proj.weight"),
+        q_a_norm=loader.dense(a + "q_a_layernorm.weight"),
+        q_b_proj=loader.linear(a + "q_b_proj.weight"),
+        kv_a_proj=loader.linear(a + "kv_a_proj_with_mqa.weight"),
+        kv_a_norm=loader.dense(a + "kv_a_layernorm.weight"),
+        w_uk=kv_b[:, : c.qk_nope_head_dim].contiguous(),
+        w_uv=kv_b[:, c.qk_nope_head_dim :].contiguous(),
+        o_proj=loader.linear(a + "o_proj.weight"),
+        indexer=indexer,
+    )
+    m = p + "mlp."
+    mlp: DenseMLPWeights | MoEWeights
+    if not c.moe_layers[index]:
+        mlp = DenseMLPWeights(
+            gate_proj=loader.linear(m + "gate_proj.weight"),
+            up_proj=loader.linear(m + "up_proj.weight"),
+            down_proj=loader.linear(m + "down_proj.weight"),
+        )
+    else:
+        experts = range(c.n_routed_experts)
+        bias_name = m + "gate.e_score_correction_bias"
+        shared = None
+        if c.n_shared_experts:
+            s = m + "shared_experts."
+            shared = (
+                loader.quantized([s + "gate_proj.weight", s + "up_proj.weight"], s + "w13"),
+                loader.quantized([s + "down_proj.weight"], s + "w2"),
+            )
+        mlp = MoEWeights(
+            router=loader.dense(m + "gate.weight", torch.float32),
+            correction_bias=(
+                loader.dense(bias_name, torch.float32) if bias_name in loader.checkpoint else None
+            ),
+            w13=loader.experts(
+                [
+                    [f"{m}experts.{e}.gate_proj.weight", f"{m}experts.{e}.up_proj.weight"]
+                    for e in experts
+                ],
+                m + "w13",
+            ),
+            w2=loader.experts([[f"{m}experts.{e}.down_proj.weight"] for e in experts], m + "w2"),
+            shared=shared,
+        )
+    return LayerWeights(
+        input_norm=loader.dense(p + "input_layernorm.weight"),
+        post_attention_norm=loader.dense(p + "post_attention_layernorm.weight"),
+        attention=attention,
+        mlp=mlp,
+    )
