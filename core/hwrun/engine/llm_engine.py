@@ -1,0 +1,275 @@
+"""The step loop: requests in, one scheduled batch per step through the model runner, outputs out.
+
+:class:`LLMEngine` is synchronous and single-threaded; :mod:`hwrun.engine.llm` (offline
+batches) and :mod:`hwrun.engine.async_engine` (the server) drive it. One :meth:`LLMEngine.step`:
+
+1. the scheduler picks chunks (decodes, prefill chunks, newly admitted requests) under the
+   token budget, allocating KV blocks and preempting when the pool is full;
+2. the model runner computes them (writes their KV, returns logits where a token is due);
+3. the engine records what was computed (full blocks enter the prefix cache), collects prompt
+   logprobs, samples the next token of every sequence whose prompt is done, detokenizes it and
+   checks the stop conditions: eos (unless ``ignore_eos``), ``stop_token_ids``, stop strings,
+   ``max_tokens``, ``max_model_len``. A finished sequence frees its blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+import time
+from typing import Any
+
+import torch
+
+from hwrun.engine import sampler
+from hwrun.engine.block_manager import BlockManager
+from hwrun.engine.config import EngineConfig
+from hwrun.engine.errors import PromptError
+from hwrun.engine.outputs import CompletionOutput, RequestOutput
+from hwrun.engine.sampling_params import SamplingParams
+from hwrun.engine.scheduler import Scheduler
+from hwrun.engine.sequence import Sequence
+from hwrun.engine.stats import EngineStats
+from hwrun.engine.tokenizer import (
+    IncrementalDetokenizer,
+    Tokenizer,
+    find_stop_string,
+    load_tokenizer,
+)
+
+_FROM_CHECKPOINT: Any = object()
+
+
+class LLMEngine:
+    """Serves many requests at once on one model runner.
+
+    ``runner``: an already-built model runner (tests); by default the engine builds one from
+    ``config`` (checkpoint, op resolution, KV pool). ``tokenizer``: by default the checkpoint's
+    (None when it ships none); pass one, or None, to override.
+    """
+
+    def __init__(
+        self, config: EngineConfig, *, runner: Any = None, tokenizer: Any = _FROM_CHECKPOINT
+    ):
+        if runner is None:
+            from hwrun.engine.model_runner import build_model_runner
+
+            runner = build_model_runner(config)
+        self.config = config
+        self.runner = runner
+        self.tokenizer: Tokenizer | None = (
+            load_tokenizer(config.model_dir) if tokenizer is _FROM_CHECKPOINT else tokenizer
+        )
+        self.vocab_size: int = runner.vocab_size
+        # A sequence must fit the pool on its own, or it would preempt itself forever.
+        pool_tokens = runner.num_blocks * runner.block_size
+        self.max_model_len: int = min(
+            runner.max_model_len, config.max_model_len or runner.max_model_len, pool_tokens
+        )
+        eos = set(runner.eos_token_ids)  # the checkpoint's config / generation_config
+        if not eos and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos = {self.tokenizer.eos_token_id}
+        self.eos_token_ids: frozenset[int] = frozenset(eos)
+        self.block_manager = BlockManager(
+            runner.num_blocks,
+            runner.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+        )
+        self.requests: dict[str, Sequence] = {}
+        self._detokenizers: dict[int, IncrementalDetokenizer] = {}
+        self._seq_ids = itertools.count()
+        self._seeds = random.Random(config.seed)  # seeds of requests that bring none
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    @property
+    def op_table(self) -> list:
+        return self.runner.op_table
+
+    def make_sequence(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> Sequence:
+        """Check and tokenize a request (raises :class:`PromptError`); does not queue it."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise PromptError(f"request id {request_id!r} is already in use")
+        text = prompt if isinstance(prompt, str) else None
+        if text is not None:
+            if self.tokenizer is None:
+                raise PromptError(
+                    "this model has no tokenizer (no tokenizer.json in its checkpoint): "
+                    "send token ids instead of text"
+                )
+            token_ids = self.tokenizer.encode(text)
+        else:
+            token_ids = list(prompt)
+        if not token_ids:
+            raise PromptError("the prompt is empty: send at least one token")
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise PromptError(
+                f"prompt token ids {bad[:8]} are outside the vocabulary [0, {self.vocab_size})"
+            )
+        if len(token_ids) >= self.max_model_len:
+            raise PromptError(
+                f"the prompt has {len(token_ids)} tokens; this engine's max_model_len is "
+                f"{self.max_model_len}, so a prompt may have at most {self.max_model_len - 1}"
+            )
+        if params.stop and self.tokenizer is None:
+            raise PromptError("stop strings need a tokenizer and this model has none")
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        return Sequence(next(self._seq_ids), request_id, token_ids, params, seed=seed, prompt=text)
+
+    def add_sequence(self, seq: Sequence) -> None:
+        """Queue a sequence from :meth:`make_sequence`."""
+        if seq.request_id in self.requests:
+            raise PromptError(f"request id {seq.request_id!r} is already in use")
+        self.requests[seq.request_id] = seq
+        if self.tokenizer is not None:
+            self._detokenizers[seq.seq_id] = IncrementalDetokenizer(
+                self.tokenizer, seq.prompt_token_ids
+            )
+        self.prompt_tokens_total += seq.num_prompt_tokens
+        self.scheduler.add(seq)
+
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> Sequence:
+        seq = self.make_sequence(request_id, prompt, params)
+        self.add_sequence(seq)
+        return seq
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks; its final output (None if it is not here)."""
+        seq = self.requests.get(request_id)
+        if seq is None:
+            return None
+        self._finish(seq, "abort")
+        return self.output(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled batch; the outputs of the requests that sampled a token."""
+        step = self.scheduler.schedule()
+        if not step.chunks:
+            return []
+        results = self.runner.execute(step.chunks)
+        due: list[tuple[Sequence, torch.Tensor]] = []
+        for seq, chunk, result in zip(step.seqs, step.chunks, results, strict=True):
+            seq.num_computed_tokens = chunk.end
+            self.block_manager.cache_full_blocks(seq)
+            if chunk.all_logits and seq.needs_prompt_logprobs:
+                self._collect_prompt_logprobs(seq, chunk.start, result.logits)
+            if chunk.needs_logits:
+                due.append((seq, result.logits[-1]))
+        if not due:
+            return []
+        logits = torch.stack([row for _, row in due])
+        tokens, logprobs = sampler.sample(
+            logits,
+            [seq.params for seq, _ in due],
+            [seq.generator(logits.device) for seq, _ in due],
+        )
+        outputs = []
+        for (seq, _), token, token_logprobs in zip(due, tokens, logprobs, strict=True):
+            self._append_token(seq, token, token_logprobs)
+            outputs.append(self.output(seq))
+        return outputs
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_total=self.block_manager.num_blocks,
+            kv_blocks_used=self.block_manager.num_used_blocks,
+            prefix_cache_queries=self.block_manager.prefix_cache_queries,
+            prefix_cache_hits=self.block_manager.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+        )
+
+    def output(self, seq: Sequence) -> RequestOutput:
+        """``seq``'s cumulative output now. While stop strings may still match, the last
+        characters that could begin one are held back, so streamed text never shrinks."""
+        text = seq.text
+        if seq.params.stop and not seq.is_finished:
+            text = text[: max(0, len(text) - max(len(s) for s in seq.params.stop) + 1)]
+        completion = CompletionOutput(
+            index=0,
+            token_ids=seq.output_token_ids,
+            text=text,
+            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+        prompt_logprobs = seq.prompt_logprobs
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=seq.prompt_token_ids,
+            prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
+            outputs=[completion],
+            finished=seq.is_finished,
+            metrics=dataclasses.replace(seq.metrics),
+        )
+
+    def _collect_prompt_logprobs(
+        self, seq: Sequence, start: int, logits: torch.Tensor | None
+    ) -> None:
+        """Row ``i`` of ``logits`` is position ``start + i``: it scores prompt token
+        ``start + i + 1``. Positions collected before a preemption are not collected again."""
+        assert logits is not None, "the runner returned no logits for an all_logits chunk"
+        collected = seq.prompt_logprobs
+        first = len(collected) - 1 - start  # row of the first position still missing
+        last = min(start + logits.shape[0], seq.num_prompt_tokens - 1) - start
+        if first < 0 or first >= last:
+            return
+        targets = seq.token_ids[start + first + 1 : start + last + 1]
+        collected.extend(
+            sampler.prompt_logprobs(logits[first:last], targets, seq.params.prompt_logprobs)
+        )
+
+    def _append_token(self, seq: Sequence, token: int, logprobs: dict | None) -> None:
+        params = seq.params
+        seq.append_token(token)
+        self.generation_tokens_total += 1
+        if logprobs is not None:
+            seq.logprobs.append(logprobs)
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = time.monotonic()
+        if token in self.eos_token_ids and not params.ignore_eos:
+            self._finish(seq, "stop")
+            return
+        if token in params.stop_token_ids:
+            self._finish(seq, "stop", token)
+            return
+        detokenizer = self._detokenizers.get(seq.seq_id)
+        if detokenizer is not None:
+            new_text = detokenizer.add(token)
+            seq.text += new_text
+            found = find_stop_string(seq.text, len(new_text), params.stop) if new_text else None
+            if found is not None:
+                stop, start = found
+                end = start + len(stop) if params.include_stop_str_in_output else start
+                seq.text = seq.text[:end]
+                self._finish(seq, "stop", stop)
+                return
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        self.scheduler.remove(seq)
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        seq.metrics.finished_time = time.monotonic()
+        del self.requests[seq.request_id]
+        self._detokenizers.pop(seq.seq_id, None)
