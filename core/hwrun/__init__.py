@@ -8,7 +8,7 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.1.0+src"
 
-API_VERSION = "1.0"
+API_VERSION = "1.1"
 """The hook API version this core speaks. A plugin built for another major version is refused."""
 
 __all__ = ["API_VERSION", "__version__"]

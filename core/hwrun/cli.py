@@ -13,7 +13,7 @@ import sys
 import click
 
 from hwrun import API_VERSION, __version__
-from hwrun.errors import HwrunError
+from hwrun.errors import HwrunError, UsageError
 
 # name -> "module:attribute" of a click command, imported on first use.
 COMMANDS: dict[str, str] = {
@@ -44,7 +44,8 @@ def cli() -> None:
 
 
 def main() -> None:
-    """Console entry point: HwrunError becomes a message and exit code 1."""
+    """Console entry point: UsageError becomes a message and exit code 2, any other
+    HwrunError exit code 1."""
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as exit_:
@@ -55,6 +56,9 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(1)
+    except UsageError as err:
+        click.echo(f"hwrun: error: {err}", err=True)
+        sys.exit(2)
     except HwrunError as err:
         click.echo(f"hwrun: error: {err}", err=True)
         sys.exit(1)

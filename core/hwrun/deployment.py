@@ -1,6 +1,12 @@
 """What a user asks to run, as data, so every plugin can say why it cannot."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hwrun.target import Target
 
 
 @dataclass(frozen=True)
@@ -21,22 +27,23 @@ class Deployment:
     num_devices: int | None = None
 
 
-def device_count_reasons(
-    deployment: Deployment, platform: str, devices_found: int, what: str
-) -> list[str]:
-    """The reasons every accelerator platform shares: devices present and enough of them."""
+def device_count_reasons(deployment: Deployment, target: Target) -> list[str]:
+    """The reasons every accelerator platform shares, from where it runs here: devices
+    present, enough of them, DCP dividing TP. Called by core for every platform but the
+    reference (see :meth:`hwrun.plugins.PluginSet.validate_deployment`)."""
     reasons = []
     wanted = deployment.num_devices or deployment.tensor_parallel
-    if devices_found == 0:
+    if not target.devices:
+        why = "; ".join(target.reasons) or "none found"
         reasons.append(
-            f"{platform}: no {what} detected on this machine; run on a machine with one, "
-            "or choose --platform reference"
+            f"{target.platform}: no device detected on this machine ({why}); run on a machine "
+            "with one, or choose --platform reference"
         )
-    elif wanted > devices_found:
+    elif wanted > target.count:
         reasons.append(
-            f"{platform}: the deployment needs {wanted} devices (tensor parallel "
-            f"{deployment.tensor_parallel}) but {devices_found} {what}(s) are present; "
-            f"lower --tp to at most {devices_found}"
+            f"{target.platform}: the deployment needs {wanted} devices (tensor parallel "
+            f"{deployment.tensor_parallel}) but {target.count} ({target.describe()}) are "
+            f"present; lower --tp to at most {target.count}"
         )
     if deployment.tensor_parallel % deployment.decode_context_parallel:
         reasons.append(

@@ -5,6 +5,11 @@ class HwrunError(Exception):
     """Base of every error hwrun raises on purpose. The CLI prints it and exits 1."""
 
 
+class UsageError(HwrunError):
+    """A value the user gave (an option, a file, an environment variable) that hwrun does not
+    accept. The CLI prints it and exits 2, like a bad option."""
+
+
 class UnsupportedError(HwrunError):
     """A request that no implementation (or not the pinned one) can serve.
 

@@ -18,8 +18,9 @@ import pluggy
 if TYPE_CHECKING:
     from hwrun.collectives.communicator import Communicator
     from hwrun.deployment import Deployment
-    from hwrun.platform import Capabilities, PlatformInfo
+    from hwrun.platform import Capabilities, DeviceInfo, PlatformInfo
     from hwrun.registry import OpRegistry
+    from hwrun.target import Target
 
 PROJECT = "hwrun"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -33,6 +34,9 @@ def hwrun_api_version() -> str:
     A plugin whose major version differs from :data:`hwrun.API_VERSION` is listed as
     ``incompatible`` and not used; the minor version may be older (hooks only gain arguments).
 
+    Return the literal version the plugin was written against (``return "1.1"``), never
+    :data:`hwrun.API_VERSION`: that is core's own and would make the check always pass.
+
     :return: a ``"MAJOR.MINOR"`` string.
 
     .. versionadded:: 1.0
@@ -41,14 +45,34 @@ def hwrun_api_version() -> str:
 
 @hookspec(firstresult=True)
 def hwrun_platform() -> PlatformInfo:
-    """(required) The plugin's identity and how its devices are detected.
+    """(required) The plugin's identity.
 
     :return: a :class:`hwrun.platform.PlatformInfo`. Its ``name`` is the ``--platform`` value
-        and must be unique among loaded plugins; its ``device_source`` names the detector in
-        :mod:`hwrun.devices` (``"nvml"``, ``"amdsmi"``, ``"tpu-info"``, ``"ppu"``, ``"cpu"``,
-        ``"none"``).
+        and must be unique among loaded plugins. Its ``device_source`` is read only when the
+        plugin does not implement :func:`hwrun_devices` (API 1.0 plugins); an unknown source
+        makes the plugin ``broken``.
 
     .. versionadded:: 1.0
+    """
+
+
+@hookspec(firstresult=True)
+def hwrun_devices() -> list[DeviceInfo]:
+    """(optional) The platform's devices on this machine; the :class:`hwrun.target.Target`
+    every other part of hwrun uses is built from them, once.
+
+    Give each :class:`hwrun.platform.DeviceInfo` its torch ``device_type`` (``"cuda"`` for
+    NVIDIA, ROCm and SAIL devices), ``arch`` and memory. When there are none, raise
+    :class:`hwrun.devices.NoDevices` with the reason (``hwrun platforms`` shows it); any other
+    exception is caught and shown the same way. The helpers in :mod:`hwrun.devices`
+    (``detect_nvml``, ``detect_amdsmi``, ``detect_tpu_info``, ``detect_ppu``) do both.
+    Devices torch cannot reach are dropped by core, with the reason. Defaults to the detector
+    named by ``PlatformInfo.device_source``.
+
+    :return: a list of :class:`hwrun.platform.DeviceInfo`; anything else makes the plugin
+        ``broken``.
+
+    .. versionadded:: 1.1
     """
 
 
@@ -61,6 +85,10 @@ def hwrun_register_ops(registry: OpRegistry) -> None:
     Register nothing for an op the plugin does not implement: ``hwrun ops`` then shows it as
     absent (served by the reference only when fallback is allowed). Defaults to no ops.
 
+    Called once, when the plugin loads. If it raises, registers something that is not an
+    ``OpImpl``, an op that is not in the catalogue, or an impl whose ``validate`` does not
+    return a list, the plugin is ``broken`` with that reason and the other platforms go on.
+
     :param registry: the platform's own registry; every impl registered here belongs to it.
 
     .. versionadded:: 1.0
@@ -68,15 +96,19 @@ def hwrun_register_ops(registry: OpRegistry) -> None:
 
 
 @hookspec(firstresult=True)
-def hwrun_capabilities() -> Capabilities:
+def hwrun_capabilities(target: Target) -> Capabilities:
     """(optional) What the platform claims: ops, formats, dtypes, features, as data.
 
     The conformance suite audits the claims: a claimed op or format that fails is a FAIL, one
     that passes without being claimed is reported. Defaults to claiming nothing.
 
-    :return: a :class:`hwrun.platform.Capabilities`.
+    :param target: where the platform runs here; claim what serves there (a plugin may
+        compute its claims from its impls' ``validate`` on ``target.spec(op)``).
+    :return: a :class:`hwrun.platform.Capabilities`; anything else makes the plugin ``broken``.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1
+        ``target`` argument.
     """
 
 
@@ -94,13 +126,19 @@ def hwrun_communicator(world_size: int, rank: int) -> Communicator | None:
 
 
 @hookspec
-def hwrun_validate_deployment(deployment: Deployment) -> list[str]:
+def hwrun_validate_deployment(deployment: Deployment, target: Target) -> list[str]:
     """(optional) Every reason this platform cannot run ``deployment``: fail closed.
 
     Return all reasons at once (an empty list means no objection), each a sentence that says
-    what was asked, why it cannot run and what to change. Defaults to no objection.
+    what was asked, why it cannot run and what to change. Core checks the device count itself
+    (devices present, enough for the tensor-parallel size, DCP dividing TP) from the Target;
+    this hook adds what only the platform knows. Defaults to no objection. A hook that raises
+    or returns something other than a list becomes a reason (fail closed).
 
     :param deployment: the :class:`hwrun.deployment.Deployment` to check.
+    :param target: where the platform runs here.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1
+        ``target`` argument; core checks the device count.
     """

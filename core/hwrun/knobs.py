@@ -6,14 +6,17 @@ Each knob is a function so tests (and long-lived processes) see the current envi
 
 import os
 
+from hwrun.errors import UsageError
+
 KNOBS: dict[str, str] = {
     "HWRUN_PLUGINS": "Comma-separated module paths loaded as plugins in addition to the "
     "'hwrun.plugins' entry points (for trees that are not installed).",
     "HWRUN_DISABLE_ENTRY_POINTS": "Set to 1 to load only the reference platform and "
     "HWRUN_PLUGINS, ignoring installed entry points.",
     "HWRUN_PLATFORM": "Default for --platform: a platform name or 'auto' (default).",
-    "HWRUN_REFERENCE_FALLBACK": "1 (default): an op a platform cannot serve runs on the "
-    "reference, reported as a fallback. 0: such an op is an error.",
+    "HWRUN_REFERENCE_FALLBACK": "1 (default; also true, yes, on): an op a platform cannot "
+    "serve runs on the reference, reported as a fallback. 0 (also false, no, off): such an op "
+    "is an error. Any other value is refused.",
     "HWRUN_COLLECTIVE_TIMEOUT_S": "Seconds a collective of the default torch.distributed "
     "communicator may wait for its peers before every rank raises (default 60).",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
@@ -22,6 +25,30 @@ KNOBS: dict[str, str] = {
     "it when a kernel is decorated, so it must be set before hwrun's kernel modules are "
     "imported; worker processes inherit it.",
 }
+
+
+TRUE_VALUES = ("1", "true", "yes", "on")
+FALSE_VALUES = ("0", "false", "no", "off")
+
+
+class KnobError(UsageError):
+    """An environment variable set to a value hwrun does not accept; says which and what to set."""
+
+
+def _strict_flag(name: str, default: bool) -> bool:
+    """A documented boolean knob: unset or empty -> ``default``; anything not listed raises."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in TRUE_VALUES:
+        return True
+    if raw in FALSE_VALUES:
+        return False
+    raise KnobError(
+        f"{name}={os.environ[name]!r} is not accepted; set it to one of "
+        f"{', '.join(TRUE_VALUES)} or {', '.join(FALSE_VALUES)}, or unset it (default "
+        f"{'1' if default else '0'})"
+    )
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -45,7 +72,8 @@ def default_platform() -> str:
 
 
 def reference_fallback() -> bool:
-    return _flag("HWRUN_REFERENCE_FALLBACK", True)
+    """Raises :class:`KnobError` for a value not in KNOBS' list."""
+    return _strict_flag("HWRUN_REFERENCE_FALLBACK", True)
 
 
 def collective_timeout_s() -> float:

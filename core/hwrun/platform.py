@@ -5,28 +5,35 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """One accelerator (or the host CPU for the reference platform)."""
+    """One accelerator (or the host CPU for the reference platform).
+
+    ``device_type`` is the torch device type tensors for it live on: ``"cuda"`` for NVIDIA GPUs,
+    for AMD GPUs under ROCm and for Zhenwu PPUs under SAIL torch; ``"cpu"`` for the host.
+    """
 
     index: int
-    vendor: str  # "nvidia" | "amd" | "tpu" | "ppu" | "cpu"
+    vendor: str  # "nvidia" | "amd" | "tpu" | "ppu" | "cpu" | a third party's name
     name: str  # marketing name as the driver reports it, e.g. "NVIDIA H200"
     arch: str | None = None  # "sm_90", "gfx942", "v5e", ...
     memory_bytes: int | None = None
     driver: str | None = None
+    device_type: str = "cpu"  # torch device type: "cuda", "cpu", "xla", ...
 
 
 @dataclass(frozen=True)
 class PlatformInfo:
-    """Who a plugin is and how its devices are found.
+    """Who a plugin is.
 
-    ``device_source`` names the detector in :mod:`hwrun.devices` that lists this platform's
-    devices: ``"nvml"``, ``"amdsmi"``, ``"tpu-info"``, ``"ppu"``, ``"cpu"`` or ``"none"``.
+    ``device_source`` is how API 1.0 plugins named their devices: a detector in
+    :mod:`hwrun.devices` (``"nvml"``, ``"amdsmi"``, ``"tpu-info"``, ``"ppu"``, ``"cpu"`` or
+    ``"none"``). It is used only when the plugin does not implement ``hwrun_devices``, which is
+    how a plugin reports its devices since API 1.1; an unknown name makes the plugin broken.
     """
 
     name: str  # the --platform name, unique among loaded plugins
     vendor: str
     description: str
-    device_source: str
+    device_source: str = "none"
     version: str = "0"
 
 

@@ -7,10 +7,11 @@ the conformance suite and the explicit fallback of the other platforms.
 
 from __future__ import annotations
 
-from hwrun import API_VERSION, __version__
+from hwrun import __version__
+from hwrun.devices import detect_cpu
 from hwrun.hookspecs import hookimpl
 from hwrun.ops.catalogue import catalogue
-from hwrun.platform import Capabilities, PlatformInfo
+from hwrun.platform import Capabilities, DeviceInfo, PlatformInfo
 from hwrun.registry import OpImpl, OpRegistry
 
 NAME = "reference"
@@ -18,7 +19,7 @@ NAME = "reference"
 
 @hookimpl
 def hwrun_api_version() -> str:
-    return API_VERSION
+    return "1.1"
 
 
 @hookimpl
@@ -27,9 +28,13 @@ def hwrun_platform() -> PlatformInfo:
         name=NAME,
         vendor="hwrun",
         description="Pure-PyTorch reference of every op (exact, slow); runs on any torch device",
-        device_source="cpu",
         version=__version__,
     )
+
+
+@hookimpl
+def hwrun_devices() -> list[DeviceInfo]:
+    return detect_cpu()
 
 
 @hookimpl

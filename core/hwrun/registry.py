@@ -7,7 +7,8 @@ lists every impl's reasons and ``hwrun ops`` can show them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,14 +76,34 @@ class Selection:
 
 
 class OpRegistry:
-    """A platform's implementations, with an optional fallback registry (the reference)."""
+    """A platform's implementations, with an optional fallback registry (the reference).
 
-    def __init__(self, platform: str, fallback: OpRegistry | None = None):
+    ``known_ops``, when given (the plugin set passes the catalogue's names), is the set of op
+    names an impl may register under; any other name is refused with the closest known ones.
+    """
+
+    def __init__(
+        self,
+        platform: str,
+        fallback: OpRegistry | None = None,
+        known_ops: Iterable[str] | None = None,
+    ):
         self.platform = platform
         self.fallback = fallback
+        self.known_ops = None if known_ops is None else frozenset(known_ops)
         self._impls: dict[str, dict[str, OpImpl]] = {}
 
     def register(self, impl: OpImpl) -> None:
+        """Add ``impl``; a malformed impl, an unknown op or a duplicate name raises, saying
+        what to change."""
+        _check_impl(impl)
+        if self.known_ops is not None and impl.op not in self.known_ops:
+            close = difflib.get_close_matches(impl.op, sorted(self.known_ops), n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else "see `hwrun ops`"
+            raise ValueError(
+                f"impl {impl.name!r} registers unknown op {impl.op!r}; "
+                f"register under a catalogue op name ({hint})"
+            )
         if impl.platform != self.platform:
             raise ValueError(
                 f"impl {impl.name!r} for {impl.op!r} says platform {impl.platform!r} but is "
@@ -151,9 +172,35 @@ class OpRegistry:
         raise UnsupportedError(f"{self.platform}: no impl can serve {spec.op!r}", rejected)
 
 
+def _check_impl(impl: object) -> None:
+    """An impl's fields must have the types selection relies on."""
+    if not isinstance(impl, OpImpl):
+        raise TypeError(
+            f"register() takes an hwrun.registry.OpImpl, got {type(impl).__name__}; "
+            "build one with OpImpl(op=..., name=..., platform=registry.platform, fn=...)"
+        )
+    problems = []
+    if not isinstance(impl.op, str) or not impl.op:
+        problems.append(f"op must be a catalogue op name, got {impl.op!r}")
+    if not isinstance(impl.name, str) or not impl.name:
+        problems.append(f"name must be a non-empty str, got {impl.name!r}")
+    if not callable(impl.fn):
+        problems.append(f"fn must be callable, got {type(impl.fn).__name__}")
+    if not callable(impl.validate):
+        problems.append(f"validate must be callable, got {type(impl.validate).__name__}")
+    if not isinstance(impl.priority, int) or isinstance(impl.priority, bool):
+        problems.append(f"priority must be an int, got {impl.priority!r}")
+    if problems:
+        raise TypeError(f"malformed OpImpl {impl.name!r} for {impl.op!r}: {'; '.join(problems)}")
+
+
 def _reasons_of(impl: OpImpl, spec: OpSpec) -> list[str]:
-    """An impl's reasons, with a validator that itself raises turned into a reason."""
+    """An impl's reasons, with a validator that raises or answers something other than a list
+    of str turned into a reason."""
     try:
-        return list(impl.validate(spec))
+        answer = impl.validate(spec)
     except Exception as exc:  # a broken validator must not take selection down with it
         return [f"validate() raised {type(exc).__name__}: {exc}"]
+    if not isinstance(answer, list | tuple) or not all(isinstance(r, str) for r in answer):
+        return [f"validate() returned {type(answer).__name__}, not a list of reasons (plugin bug)"]
+    return list(answer)

@@ -7,11 +7,7 @@ import pytest
 import torch
 
 from hwrun.collectives import dcp
-from hwrun.collectives.communicator import (
-    CollectiveError,
-    communicator_for,
-    init_torch_communicator,
-)
+from hwrun.collectives.communicator import CollectiveError, init_torch_communicator
 from hwrun.plugins import load_plugins
 
 PLUGIN = """
@@ -60,7 +56,7 @@ def plugins(tmp_path, monkeypatch):
 
 
 def test_a_platform_communicator_is_used(plugins) -> None:
-    comm = communicator_for(plugins, "loopback", 1, 0)
+    comm = plugins.communicator("loopback", 1, 0)
     assert type(comm).__name__ == "Loopback"
     assert dcp.topk_merge(comm, torch.tensor([[3.0, 1.0, 2.0]]), 2).local_indices.tolist() == [
         [0, 2]
@@ -69,12 +65,12 @@ def test_a_platform_communicator_is_used(plugins) -> None:
 
 def test_a_communicator_for_another_rank_is_refused(plugins) -> None:
     with pytest.raises(CollectiveError, match=r"asked for rank 0 of 1.*'liar' is rank 1 of 1"):
-        communicator_for(plugins, "liar", 1, 0)
+        plugins.communicator("liar", 1, 0)
 
 
 def test_the_default_needs_an_initialized_group(plugins) -> None:
     with pytest.raises(CollectiveError, match="init_torch_communicator"):
-        communicator_for(plugins, "reference", 2, 0)
+        plugins.communicator("reference", 2, 0)
 
 
 def test_the_default_checks_its_arguments() -> None:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 _counter = itertools.count()
 
+OP = "attn.lse_combine"  # a catalogue op: the registry refuses any other name
+
 GOOD = """
 from hwrun.hookspecs import hookimpl
 from hwrun.platform import PlatformInfo, Capabilities
@@ -22,12 +24,12 @@ def hwrun_platform():
 
 @hookimpl
 def hwrun_register_ops(registry):
-    registry.register(OpImpl(op="demo.add", name="fast", platform=registry.platform,
-                             fn=lambda a, b: a + b, priority=10))
+    registry.register(OpImpl(op="attn.lse_combine", name="fast", platform=registry.platform,
+                             fn=lambda outs, lses: (outs[0], lses[0]), priority=10))
 
 @hookimpl
 def hwrun_capabilities():
-    return Capabilities(ops=frozenset({{"demo.add"}}))
+    return Capabilities(ops=frozenset({{"attn.lse_combine"}}))
 
 @hookimpl
 def hwrun_validate_deployment(deployment):
@@ -44,3 +46,10 @@ def write_plugin(tmp_path: Path, body: str) -> str:
 
 def good_plugin(tmp_path: Path, name: str = "demo", api: str = "1.0") -> str:
     return write_plugin(tmp_path, GOOD.format(name=name, api=api))
+
+
+def faulty_plugin(tmp_path: Path, name: str, hooks: str) -> str:
+    """A plugin named ``name`` that is fine but for ``hooks`` (hook implementations as source,
+    the names of GOOD's imports in scope)."""
+    head = GOOD.format(name=name, api="1.1").split("@hookimpl\ndef hwrun_register_ops")[0]
+    return write_plugin(tmp_path, head + textwrap.dedent(hooks))

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from hwrun import API_VERSION, __version__
@@ -33,8 +34,83 @@ def test_platforms_json_has_the_documented_keys():
 def test_ops_json_has_the_documented_keys():
     rows = json.loads(run("ops", "--platform", "all", "--json").output)
     for row in rows:
-        assert set(row) == {"op", "platform", "selected", "fallback", "rejected"}
+        keys = {"op", "platform", "device", "arch", "selected", "fallback", "rejected"}
+        assert set(row) == keys
         assert isinstance(row["rejected"], dict)
+
+
+def test_ops_validates_on_the_platforms_target(monkeypatch):
+    """Without a GPU and without the interpreter the Triton impls refuse with the CPU reason
+    and the reference serves; with TRITON_INTERPRET=1 Triton serves the same specs."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    rows = json.loads(run("ops", "--platform", "nvidia", "--json").output)
+    topk = next(r for r in rows if r["op"] == "indexer.topk")
+    assert (topk["device"], topk["selected"], topk["fallback"]) == (
+        "cpu",
+        "reference:reference",
+        True,
+    )
+    assert "TRITON_INTERPRET=1" in " ".join(topk["rejected"]["triton"])
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    rows = json.loads(run("ops", "--platform", "nvidia", "--json").output)
+    served = {r["op"]: r["selected"] for r in rows}
+    assert served["indexer.topk"] == served["kv.write_latent"] == "triton"
+    assert served["moe.route"] == "reference:reference"  # no NVIDIA impl of it
+
+
+def test_ops_shape_answers_for_the_given_spec(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    args = ("ops", "--platform", "nvidia", "--op", "sparse_mla.decode", "--json")
+    (row,) = json.loads(run(*args, "--shape", "formats=nvfp4_ds_mla").output)
+    assert row["fallback"] and "nvfp4_ds_mla" in " ".join(row["rejected"]["triton"])
+    (row,) = json.loads(run(*args, "--shape", "formats=bf16", "--shape", "num_heads=64").output)
+    assert row["selected"] == "triton"
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ("heads=64", "is not KEY=VALUE with KEY one of dtype, formats, num_heads"),
+        ("num_heads", "is not KEY=VALUE"),
+        ("num_heads=0", "num_heads must be a positive integer, got '0'"),
+        ("topk=2k", "topk must be a positive integer, got '2k'"),
+        ("dtype=bf16", "dtype 'bf16' is not a torch dtype name"),
+    ],
+)
+def test_ops_bad_shape_is_a_usage_error(shape, message):
+    result = CliRunner().invoke(cli, ["ops", "--shape", shape])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_ops_unknown_op_glob_is_a_usage_error():
+    result = CliRunner().invoke(cli, ["ops", "--op", "indexr.*"])
+    assert result.exit_code == 2 and "matches no op; ops: attn.lse_combine" in result.output
+
+
+def test_ops_no_fallback_exits_non_zero_when_an_op_is_unserved(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    served = run("ops", "--platform", "nvidia", "--op", "indexer.topk", "--no-fallback")
+    assert served.exit_code == 0
+    result = CliRunner().invoke(cli, ["ops", "--platform", "nvidia", "--no-fallback", "--json"])
+    assert result.exit_code == 1
+    assert "--no-fallback: " in result.output and "nvidia:moe.route" in result.output
+    fallback = run("ops", "--platform", "nvidia", "--json")
+    assert fallback.exit_code == 0
+
+
+@pytest.mark.parametrize("value", ["1", "0", "true", "off", ""])
+def test_reference_fallback_takes_the_documented_values(value):
+    result = subprocess_hwrun(
+        "ops", "--op", "moe.route", "--json", extra_env={"HWRUN_REFERENCE_FALLBACK": value}
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_reference_fallback_refuses_anything_else():
+    result = subprocess_hwrun("ops", extra_env={"HWRUN_REFERENCE_FALLBACK": "sometimes"})
+    assert result.returncode == 2
+    assert "HWRUN_REFERENCE_FALLBACK='sometimes' is not accepted; set it to one of" in result.stderr
 
 
 def test_unknown_option_is_a_usage_error():

@@ -5,7 +5,7 @@ from hwrun.deployment import Deployment
 from hwrun.errors import HwrunError
 from hwrun.plugins import load_plugins
 
-from .plugin_modules import good_plugin, write_plugin
+from .plugin_modules import OP, good_plugin, write_plugin
 
 VENDORS = {"nvidia", "amd", "tpu", "ppu"}
 
@@ -102,13 +102,14 @@ def test_disabled_entry_points_leave_only_the_reference(monkeypatch):
 
 def test_hooks_are_called_per_plugin(plugin_dir):
     plugin_set = load_plugins([good_plugin(plugin_dir, "solo")])
-    assert plugin_set.capabilities("solo").ops == {"demo.add"}
-    assert "demo.add" not in plugin_set.capabilities("nvidia").ops
+    assert plugin_set.capabilities("solo").ops == {OP}
+    assert "fast" not in [i.name for i in plugin_set.registry("reference").impls(OP)]
     registry = plugin_set.registry("solo")
-    assert [i.name for i in registry.impls("demo.add")] == ["fast"]
-    assert plugin_set.registry("nvidia").impls("demo.add") == []
+    assert [i.name for i in registry.impls(OP)] == ["fast"]
+    assert plugin_set.registry("ppu").impls(OP) == []
     reasons = plugin_set.validate_deployment("solo", Deployment(model="kimi-k3.1-pro"))
-    assert reasons == ["solo refuses everything"]
+    assert reasons[-1] == "solo refuses everything"
+    assert "solo: no device detected on this machine" in reasons[0]
 
 
 def test_vendor_deployment_refusal_lists_every_reason():
@@ -117,8 +118,23 @@ def test_vendor_deployment_refusal_lists_every_reason():
         "nvidia", Deployment(model="kimi-k3.1-pro", tensor_parallel=8, decode_context_parallel=3)
     )
     assert len(reasons) == 2
-    assert "no NVIDIA GPU detected" in reasons[0]
+    assert "nvidia: no device detected on this machine" in reasons[0]
     assert "must divide tensor parallel 8" in reasons[1]
+
+
+def test_deployment_needs_as_many_devices_as_tensor_parallel(monkeypatch):
+    from hwrun import target as target_module
+    from hwrun.platform import DeviceInfo
+
+    mi355 = [DeviceInfo(i, "amd", "MI355X", "gfx950", device_type="cuda") for i in range(2)]
+    monkeypatch.setattr("hwrun_amd.plugin.detect_amdsmi", lambda: mi355)
+    monkeypatch.setattr(target_module, "_torch_reach", lambda device_type, wanted: (wanted, ""))
+    plugin_set = load_plugins([])
+    (reason,) = plugin_set.validate_deployment(
+        "amd", Deployment(model="kimi-k3.1-pro", tensor_parallel=8)
+    )
+    assert "needs 8 devices" in reason and "cuda: 2 x MI355X" in reason
+    assert "lower --tp to at most 2" in reason
 
 
 def test_auto_platform_without_devices_is_reference():
@@ -126,12 +142,16 @@ def test_auto_platform_without_devices_is_reference():
 
 
 def test_auto_platform_picks_a_vendor_with_devices(monkeypatch):
-    from hwrun import devices
+    from hwrun import target as target_module
     from hwrun.platform import DeviceInfo
 
-    fake = [DeviceInfo(index=0, vendor="amd", name="MI355X", arch="gfx950")]
-    monkeypatch.setitem(devices.DETECTORS, "amdsmi", lambda: fake)
-    assert load_plugins([]).choose_platform("auto") == "amd"
+    fake = [DeviceInfo(index=0, vendor="amd", name="MI355X", arch="gfx950", device_type="cuda")]
+    monkeypatch.setattr("hwrun_amd.plugin.detect_amdsmi", lambda: fake)
+    monkeypatch.setattr(target_module, "_torch_reach", lambda device_type, wanted: (wanted, ""))
+    plugin_set = load_plugins([])
+    assert plugin_set.choose_platform("auto") == "amd"
+    target = plugin_set.target("amd")
+    assert (target.device_type, target.arch) == ("cuda", "gfx950")
 
 
 def test_unknown_platform_names_the_loaded_ones(plugin_dir):

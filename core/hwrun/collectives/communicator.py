@@ -18,16 +18,12 @@ from __future__ import annotations
 import datetime
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from hwrun import knobs
 from hwrun.errors import HwrunError
-
-if TYPE_CHECKING:
-    from hwrun.plugins import PluginSet
 
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -209,25 +205,6 @@ def init_torch_communicator(
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     return TorchDistributedCommunicator(timeout_s=timeout_s)
-
-
-def communicator_for(plugins: PluginSet, platform: str, world_size: int, rank: int) -> Communicator:
-    """The platform's own communicator (``hwrun_communicator`` hook) or the default one.
-
-    The default wraps the already-initialized torch.distributed group. A plugin's communicator
-    must agree with the group it was asked for.
-    """
-    offered = plugins.call(
-        plugins.get(platform), "hwrun_communicator", world_size=world_size, rank=rank
-    )
-    comm = offered if offered is not None else TorchDistributedCommunicator()
-    if (comm.rank, comm.world_size) != (rank, world_size):
-        source = f"platform {platform!r}" if offered is not None else "torch.distributed"
-        raise CollectiveError(
-            f"asked for rank {rank} of {world_size}, but the communicator from {source} is rank "
-            f"{comm.rank} of {comm.world_size}; initialize the group with the same world size"
-        )
-    return comm
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -1,4 +1,5 @@
-"""`hwrun platforms`: the discovered platform plugins, their status and devices."""
+"""`hwrun platforms`: the discovered platform plugins, their status, and where each runs here
+(its Target: torch device type, devices, and why it has none)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 from dataclasses import asdict
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from hwrun.commands import console
@@ -19,7 +21,7 @@ def platforms(as_json: bool) -> None:
     plugin_set = load_plugins()
     rows = []
     for plugin in plugin_set.plugins:
-        devices = plugin_set.devices(plugin.name) if plugin.status == "loaded" else []
+        target = plugin_set.target(plugin.name) if plugin.status == "loaded" else None
         rows.append(
             {
                 "name": plugin.name,
@@ -27,7 +29,10 @@ def platforms(as_json: bool) -> None:
                 "api_version": plugin.api_version,
                 "status": plugin.status,
                 "reason": plugin.reason,
-                "devices": [asdict(d) for d in devices],
+                "device_type": target.device_type if target else None,
+                "devices": [asdict(d) for d in target.devices] if target else [],
+                "device_reasons": list(target.reasons) if target else [],
+                "target": target.describe() if target else None,
                 "module": plugin.module,
                 "origin": plugin.origin,
             }
@@ -36,18 +41,18 @@ def platforms(as_json: bool) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     table = Table(title="hwrun platforms")
-    for column in ("platform", "version", "API", "status", "devices", "module / reason"):
+    for column in ("platform", "version", "API", "status", "runs on", "module / reason"):
         table.add_column(column)
     for row in rows:
-        devices = ", ".join(d["name"] for d in row["devices"]) or "-"
-        detail = row["reason"] or row["module"]
+        devices = row["target"] or "-"
+        detail = row["reason"] or "\n".join([row["module"], *row["device_reasons"]])
         style = {"loaded": "green", "broken": "red", "incompatible": "yellow"}[row["status"]]
         table.add_row(
             row["name"],
             row["version"] or "-",
             row["api_version"] or "-",
             f"[{style}]{row['status']}[/{style}]",
-            devices,
-            detail,
+            escape(devices),
+            escape(detail),
         )
     console().print(table)

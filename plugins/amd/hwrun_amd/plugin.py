@@ -1,29 +1,32 @@
-"""Hooks of the AMD Instinct platform. Op implementations are registered per op family module.
+"""Hooks of the AMD Instinct platform.
 
 The portable Triton tier (kernels in core, shared with the NVIDIA plugin) is the whole of it:
 no AITER or FlyDSL adapter is registered, because none has been validated on hardware from this
-project.
+project. Any number of heads runs: the kernels pad heads in registers (the indexer to a power
+of two of at least 16, the matrix units' smallest tile; the sparse MLA decode to blocks of 128),
+where AITER's MLA kernels would need the head count padded to a multiple of 16. Kernels that
+read OCP e4m3fn codes (indexer logits, fp8_ds_mla decode) are refused on gfx942 (FNUZ fp8, see
+:mod:`hwrun_amd.device_checks`); the cache writes compute e4m3 and e2m1 bits with integer
+arithmetic, so the rows they write are exact on gfx942 too.
 """
 
 from __future__ import annotations
 
-from hwrun import API_VERSION
-from hwrun.deployment import Deployment, device_count_reasons
 from hwrun.devices import detect_amdsmi
 from hwrun.hookspecs import hookimpl
-from hwrun.kernels.triton.registration import tier_claims
-from hwrun.platform import Capabilities, PlatformInfo
+from hwrun.kernels.triton.registration import TritonTier
+from hwrun.platform import Capabilities, DeviceInfo, PlatformInfo
 from hwrun.registry import OpRegistry
-from hwrun_amd import attn, indexer, kv, sparse_mla
-from hwrun_amd.device_checks import triton_device_reasons
+from hwrun.target import Target
+from hwrun_amd.device_checks import TUNED_FOR, triton_device_reasons
 
 NAME = "amd"
-TRITON_FAMILIES = ("indexer", "sparse_mla", "attn", "kv")  # registered by the modules below
+TRITON = TritonTier(triton_device_reasons, TUNED_FOR)
 
 
 @hookimpl
 def hwrun_api_version() -> str:
-    return API_VERSION
+    return "1.1"
 
 
 @hookimpl
@@ -32,27 +35,28 @@ def hwrun_platform() -> PlatformInfo:
         name=NAME,
         vendor="amd",
         description="AMD Instinct GPUs (CDNA3/CDNA4): portable Triton tier",
-        device_source="amdsmi",
         version="0.1.0",
     )
 
 
 @hookimpl
-def hwrun_register_ops(registry: OpRegistry) -> None:
-    """The Triton tier for every op family; kernels are imported at the first call, so loading
-    the plugin stays cheap and works without a GPU."""
-    for family in (indexer, sparse_mla, attn, kv):
-        family.register(registry)
+def hwrun_devices() -> list[DeviceInfo]:
+    return detect_amdsmi()
 
 
 @hookimpl
-def hwrun_capabilities() -> Capabilities:
-    """Claims computed from what the Triton tier's validate accepts on this host: the first AMD
-    GPU (its architecture decides fp8), else CPU tensors, which only Triton's interpreter
+def hwrun_register_ops(registry: OpRegistry) -> None:
+    """The Triton tier; kernels are imported at the first call, so loading the plugin stays
+    cheap and works without a GPU."""
+    TRITON.register(registry)
+
+
+@hookimpl
+def hwrun_capabilities(target: Target) -> Capabilities:
+    """Claims computed from what the Triton tier's validate accepts on the target: the AMD GPUs
+    (their architecture decides fp8), else CPU tensors, which only Triton's interpreter
     serves. Without either, nothing is claimed."""
-    devices = detect_amdsmi()
-    device_type, arch = ("cuda", devices[0].arch) if devices else ("cpu", None)
-    served = tier_claims(TRITON_FAMILIES, triton_device_reasons, device_type, arch)
+    served = TRITON.claims(target)
     return Capabilities(
         ops=served.ops,
         formats=served.formats,
@@ -68,8 +72,3 @@ def hwrun_capabilities() -> Capabilities:
             "hardware from this project.",
         ),
     )
-
-
-@hookimpl
-def hwrun_validate_deployment(deployment: Deployment) -> list[str]:
-    return device_count_reasons(deployment, NAME, len(detect_amdsmi()), "AMD GPU")

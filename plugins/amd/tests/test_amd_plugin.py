@@ -7,6 +7,7 @@ import pytest
 
 from hwrun.platform import DeviceInfo
 from hwrun.registry import OpRegistry, OpSpec
+from hwrun.target import Target
 from hwrun_amd import device_checks, plugin
 
 TRITON_OPS = {
@@ -66,9 +67,8 @@ def test_cpu_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_claims_on_gfx942_leave_out_what_it_refuses(rocm, monkeypatch: pytest.MonkeyPatch):
-    mi300 = [DeviceInfo(index=0, vendor="amd", name="MI300X", arch="gfx942")]
-    monkeypatch.setattr(plugin, "detect_amdsmi", lambda: mi300)
-    claims = plugin.hwrun_capabilities()
+    mi300 = DeviceInfo(index=0, vendor="amd", name="MI300X", arch="gfx942", device_type="cuda")
+    claims = plugin.hwrun_capabilities(Target("amd", "cuda", (mi300,)))
     assert "indexer.logits_paged" not in claims.ops  # its keys are read as OCP e4m3fn
     assert {"sparse_mla.decode", "kv.write_latent", "indexer.topk"} <= claims.ops
     assert claims.formats == {"bf16", "fp8_ds_mla", "fp8", "mxfp4"}  # the writes are exact
@@ -76,6 +76,5 @@ def test_claims_on_gfx942_leave_out_what_it_refuses(rocm, monkeypatch: pytest.Mo
 
 def test_no_claims_without_a_device_or_the_interpreter(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(plugin, "detect_amdsmi", list)
-    claims = plugin.hwrun_capabilities()
+    claims = plugin.hwrun_capabilities(Target("amd"))
     assert not claims.ops and not claims.formats and not claims.features

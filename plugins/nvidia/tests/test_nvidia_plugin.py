@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from hwrun.platform import DeviceInfo
 from hwrun.registry import OpRegistry, OpSpec
+from hwrun.target import Target
 from hwrun_nvidia import device_checks, plugin
 
 TRITON_OPS = {
@@ -64,8 +66,7 @@ def test_adapters_still_need_cuda_under_the_interpreter(monkeypatch: pytest.Monk
 @pytest.mark.parametrize("interpret", ["1", "0"])
 def test_claims_follow_what_validate_accepts(monkeypatch: pytest.MonkeyPatch, interpret: str):
     monkeypatch.setenv("TRITON_INTERPRET", interpret)
-    monkeypatch.setattr(plugin, "detect_nvml", list)  # no NVIDIA GPU on this host
-    claims = plugin.hwrun_capabilities()
+    claims = plugin.hwrun_capabilities(Target("nvidia"))  # no NVIDIA GPU: CPU tensors
     if interpret == "0":
         assert not claims.ops and not claims.formats and not claims.features
         return
@@ -88,3 +89,18 @@ def test_sparse_mla_triton_refuses_nvfp4_latents():
         OpSpec(op="sparse_mla.decode", formats=("nvfp4_ds_mla",))
     )
     assert any("nvfp4_ds_mla" in r for r in reasons)
+
+
+def test_claims_on_an_h200_target(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(device_checks, "_cuda_available", lambda: True)
+    h200 = DeviceInfo(0, "nvidia", "NVIDIA H200", "sm_90", device_type="cuda")
+    claims = plugin.hwrun_capabilities(Target("nvidia", "cuda", (h200,)))
+    assert claims.ops == TRITON_OPS
+    assert claims.formats == {"fp8", "mxfp4", "fp8_ds_mla", "bf16"}
+
+
+def test_devices_come_from_nvml(monkeypatch: pytest.MonkeyPatch):
+    h200 = DeviceInfo(0, "nvidia", "NVIDIA H200", "sm_90", device_type="cuda")
+    monkeypatch.setattr(plugin, "detect_nvml", lambda: [h200])
+    assert plugin.hwrun_devices() == [h200]

@@ -1,21 +1,20 @@
-"""Hooks of the Alibaba T-HEAD Zhenwu PPU platform (torch-native ops, W4A16 MoE). Not validated
-on PPU hardware from this project."""
+"""Hooks of the Alibaba T-HEAD Zhenwu PPU platform: its devices (through T-HEAD's SAIL torch,
+see :func:`hwrun.devices.detect_ppu`) and nothing else yet; no op implementation is
+registered, so every op runs on the reference when fallback is allowed. Not validated on PPU
+hardware from this project."""
 
 from __future__ import annotations
 
-from hwrun import API_VERSION
-from hwrun.deployment import Deployment, device_count_reasons
 from hwrun.devices import detect_ppu
 from hwrun.hookspecs import hookimpl
-from hwrun.platform import Capabilities, PlatformInfo
-from hwrun.registry import OpRegistry
+from hwrun.platform import Capabilities, DeviceInfo, PlatformInfo
 
 NAME = "ppu"
 
 
 @hookimpl
 def hwrun_api_version() -> str:
-    return API_VERSION
+    return "1.1"
 
 
 @hookimpl
@@ -23,15 +22,14 @@ def hwrun_platform() -> PlatformInfo:
     return PlatformInfo(
         name=NAME,
         vendor="alibaba",
-        description="Alibaba T-HEAD Zhenwu PPU (M890, 810E): torch-native ops, W4A16 MoE",
-        device_source="ppu",
+        description="Alibaba T-HEAD Zhenwu PPU (M890, 810E): devices only, no op impls yet",
         version="0.1.0",
     )
 
 
 @hookimpl
-def hwrun_register_ops(registry: OpRegistry) -> None:
-    """No PPU op implementations are registered yet."""
+def hwrun_devices() -> list[DeviceInfo]:
+    return detect_ppu()
 
 
 @hookimpl
@@ -40,8 +38,3 @@ def hwrun_capabilities() -> Capabilities:
         dtypes=frozenset({"bfloat16", "float32"}),
         notes=("Not validated on PPU hardware from this project.",),
     )
-
-
-@hookimpl
-def hwrun_validate_deployment(deployment: Deployment) -> list[str]:
-    return device_count_reasons(deployment, NAME, len(detect_ppu()), "Zhenwu PPU")

@@ -1,20 +1,18 @@
-"""Hooks of the Google TPU platform (Pallas kernels through JAX; interpret mode on CPU)."""
+"""Hooks of the Google TPU platform: its devices (through tpu-info) and nothing else yet; no op
+implementation is registered, so every op runs on the reference when fallback is allowed."""
 
 from __future__ import annotations
 
-from hwrun import API_VERSION
-from hwrun.deployment import Deployment, device_count_reasons
 from hwrun.devices import detect_tpu_info
 from hwrun.hookspecs import hookimpl
-from hwrun.platform import Capabilities, PlatformInfo
-from hwrun.registry import OpRegistry
+from hwrun.platform import Capabilities, DeviceInfo, PlatformInfo
 
 NAME = "tpu"
 
 
 @hookimpl
 def hwrun_api_version() -> str:
-    return API_VERSION
+    return "1.1"
 
 
 @hookimpl
@@ -22,15 +20,14 @@ def hwrun_platform() -> PlatformInfo:
     return PlatformInfo(
         name=NAME,
         vendor="google",
-        description="Google TPUs: Pallas kernels through JAX (torch <-> jax via DLPack)",
-        device_source="tpu-info",
+        description="Google TPUs: devices only, no op implementations yet",
         version="0.1.0",
     )
 
 
 @hookimpl
-def hwrun_register_ops(registry: OpRegistry) -> None:
-    """No TPU op implementations are registered yet."""
+def hwrun_devices() -> list[DeviceInfo]:
+    return detect_tpu_info()
 
 
 @hookimpl
@@ -39,8 +36,3 @@ def hwrun_capabilities() -> Capabilities:
         dtypes=frozenset({"bfloat16", "float32"}),
         notes=("Not validated on TPU hardware from this project.",),
     )
-
-
-@hookimpl
-def hwrun_validate_deployment(deployment: Deployment) -> list[str]:
-    return device_count_reasons(deployment, NAME, len(detect_tpu_info()), "TPU chip")

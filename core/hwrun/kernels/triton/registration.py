@@ -7,6 +7,7 @@ architecture new enough, does it compute OCP fp8) is the plugin's: it passes
 (``fp8_dot``: it multiplies in fp8; ``reads_e4m3fn``: it converts OCP e4m3fn codes through
 Triton's fp8 type). :func:`host_reasons` is the part every plugin shares: Triton must be
 installed, and CPU tensors run only in Triton's interpreter (``TRITON_INTERPRET=1``).
+A plugin registers and claims the whole tier through one :class:`TritonTier`.
 
 The host functions import their kernel module at the first call, so loading a plugin imports
 neither Triton nor the kernels.
@@ -24,6 +25,8 @@ from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_rea
 
 if TYPE_CHECKING:
     import torch
+
+    from hwrun.target import Target
 
 TRITON_PRIORITY = 10  # under vendor-library adapters (20), over nothing: the portable floor
 INDEX_KEY_FORMATS = ("fp8", "mxfp4")
@@ -81,28 +84,6 @@ def validator(kernel: TritonKernel, device_reasons: DeviceReasons) -> Callable[[
     return validate
 
 
-def register_family(
-    registry: OpRegistry, family: str, device_reasons: DeviceReasons, tuned_for: str
-) -> None:
-    """Register the Triton kernels of one op family (``FAMILIES``) on a platform.
-
-    ``device_reasons`` is asked only for specs on an accelerator (CPU specs are the
-    interpreter's, see :func:`host_reasons`); ``tuned_for`` ends each impl's description.
-    """
-    for kernel in FAMILIES[family]:
-        registry.register(
-            OpImpl(
-                op=kernel.op,
-                name="triton",
-                platform=registry.platform,
-                fn=kernel.fn,
-                validate=validator(kernel, device_reasons),
-                priority=TRITON_PRIORITY,
-                description=f"Triton: {kernel.description} ({tuned_for})",
-            )
-        )
-
-
 @dataclass(frozen=True)
 class TierClaims:
     ops: frozenset[str]
@@ -110,27 +91,54 @@ class TierClaims:
     features: frozenset[str]  # batch_invariant:<op> per claimed batch-invariant op
 
 
-def tier_claims(
-    families: tuple[str, ...], device_reasons: DeviceReasons, device_type: str, arch: str | None
-) -> TierClaims:
-    """What the Triton tier serves on this host, asked of the impls' own validate: an op whose
-    validate accepts a spec with only the host's device (and arch) filled in, and each of its
-    formats it accepts there. On a host with neither a device nor the interpreter that is
-    nothing, so a plugin never claims an op whose every case would be refused."""
-    ops, formats, features = set(), set(), set()
-    for family in families:
-        for kernel in FAMILIES[family]:
-            validate = validator(kernel, device_reasons)
-            if validate(OpSpec(kernel.op, device_type=device_type, arch=arch)):
+@dataclass(frozen=True)
+class TritonTier:
+    """The portable Triton kernels as one platform registers and claims them.
+
+    ``device_reasons`` is the platform's: asked only for specs on an accelerator (CPU specs are
+    the interpreter's, see :func:`host_reasons`). ``tuned_for`` ends each impl's description.
+    A plugin makes one and calls :meth:`register` from ``hwrun_register_ops`` and
+    :meth:`claims` from ``hwrun_capabilities``.
+    """
+
+    device_reasons: DeviceReasons
+    tuned_for: str
+
+    def kernels(self) -> list[TritonKernel]:
+        return [kernel for family in FAMILIES.values() for kernel in family]
+
+    def register(self, registry: OpRegistry) -> None:
+        """Register every kernel of the tier as the platform's "triton" impl of its op."""
+        for kernel in self.kernels():
+            registry.register(
+                OpImpl(
+                    op=kernel.op,
+                    name="triton",
+                    platform=registry.platform,
+                    fn=kernel.fn,
+                    validate=validator(kernel, self.device_reasons),
+                    priority=TRITON_PRIORITY,
+                    description=f"Triton: {kernel.description} ({self.tuned_for})",
+                )
+            )
+
+    def claims(self, target: Target) -> TierClaims:
+        """What the tier serves on ``target``, asked of the impls' own validate: an op whose
+        validate accepts a spec with only the target's device (and arch) filled in, and each of
+        its formats it accepts there. On a CPU target without the interpreter that is nothing,
+        so a plugin never claims an op whose every case would be refused."""
+        ops, formats, features = set(), set(), set()
+        for kernel in self.kernels():
+            validate = validator(kernel, self.device_reasons)
+            if validate(target.spec(kernel.op)):
                 continue
             ops.add(kernel.op)
             if kernel.batch_invariant:
                 features.add(f"batch_invariant:{kernel.op}")
             for fmt in kernel.formats:
-                spec = OpSpec(kernel.op, formats=(fmt,), device_type=device_type, arch=arch)
-                if not validate(spec):
+                if not validate(target.spec(kernel.op, formats=(fmt,))):
                     formats.add(fmt)
-    return TierClaims(frozenset(ops), frozenset(formats), frozenset(features))
+        return TierClaims(frozenset(ops), frozenset(formats), frozenset(features))
 
 
 # Host functions: the contract's arguments, the kernel's defaults (tuned on the H200).
