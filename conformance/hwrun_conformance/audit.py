@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING
 
 from hwrun.platform import Capabilities
 from hwrun.plugins import PluginSet
 from hwrun_conformance.case import ACCURACY, BATCH
+from hwrun_conformance.result import UNCOVERED, Result, claims_batch_invariance
 from hwrun_conformance.status import Status
-
-if TYPE_CHECKING:
-    from hwrun_conformance.runner import Result
 
 AUDIT_OP = "capabilities"
 # Refused cases say nothing about a claim; known failures are judged by their own entries.
@@ -29,8 +26,6 @@ _GOOD = frozenset({Status.PASS, Status.QUALITY_WARNING})  # a claim holds on con
 def audit(
     plugins: PluginSet, platform: str, claims: Capabilities, results: list[Result], ops_glob: str
 ) -> list[Result]:
-    from hwrun_conformance.runner import Result
-
     rows: list[Result] = []
 
     def row(item: str, ok: bool, reason: str) -> None:
@@ -47,9 +42,9 @@ def audit(
 
     by_op: dict[str, list[Result]] = defaultdict(list)
     for result in results:
-        if result.kind != "uncovered":  # a gap in the suite says nothing about the platform
+        if result.kind != UNCOVERED:  # a gap in the suite says nothing about the platform
             by_op[result.op].append(result)
-    gaps = {r.op for r in results if r.kind == "uncovered"}
+    gaps = {r.op for r in results if r.kind == UNCOVERED}
     registry = plugins.registry(platform)
 
     for op in sorted(by_op):
@@ -87,8 +82,6 @@ def audit(
 
     # Per op: with an impl, a NOT_SUPPORTED batch case means "varies with the batch" (the
     # platform does not claim it there); known failures are judged by their entries.
-    from hwrun_conformance.runner import claims_batch_invariance
-
     for op in sorted(by_op):
         batch = [
             r for r in by_op[op] if r.kind == BATCH and r.impl and r.status != Status.KNOWN_FAILURE

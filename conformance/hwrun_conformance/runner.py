@@ -15,37 +15,14 @@ from fnmatch import fnmatchcase
 from hwrun.ops.catalogue import catalogue
 from hwrun.plugins import PluginSet
 from hwrun.registry import OpImpl
+from hwrun.target import Target
 from hwrun_conformance.audit import audit
 from hwrun_conformance.case import BATCH, Case
 from hwrun_conformance.cases import all_cases, uncovered
 from hwrun_conformance.known_failures import KNOWN_FAILURES, KnownFailure, find_known_failure
+from hwrun_conformance.result import UNCOVERED, Result, claims_batch_invariance
 from hwrun_conformance.status import BROKEN, CONFORMANT, DEFAULT_TIMEOUT_S, Status
 from hwrun_conformance.worker import Reply, WorkerClient
-
-BATCH_FEATURE = "batch_invariant"
-UNCOVERED = "uncovered"  # the kind of the row an op without cases gets
-
-
-@dataclass(frozen=True)
-class Result:
-    """One row of the report: a case of an op on a platform, run by one impl (or by none)."""
-
-    platform: str
-    op: str
-    case: str
-    status: Status
-    impl: str | None = None
-    metric: str | None = None
-    value: float | None = None
-    threshold: float | None = None
-    seed: int | None = None
-    reason: str = ""
-    must_pass: bool = True
-    kind: str = "accuracy"
-    relaxation: str | None = None
-    seconds: float = 0.0
-    about: str = ""
-    formats: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,8 +62,7 @@ class Plan:
 def plan(plugins: PluginSet, platform: str, options: RunOptions) -> Plan:
     contracts = catalogue()
     registry = plugins.registry(platform)
-    device = options.device or platform_device(plugins, platform)
-    arch = _arch(plugins, platform) if device != "cpu" else None
+    target = run_target(plugins, platform, options)
     result = Plan()
     for op in uncovered(contracts):
         if fnmatchcase(op, options.ops):
@@ -109,34 +85,24 @@ def plan(plugins: PluginSet, platform: str, options: RunOptions) -> Plan:
         for case in cases:
             if options.quick and not case.quick:
                 continue
-            spec = replace(case.spec, device_type=device, arch=arch)
+            spec = target.place(case.spec)
             refusals: dict[str, list[str]] = {}
             for impl in impls:
                 reasons = _reasons(impl, spec)
                 if reasons:
                     refusals[impl.name] = reasons
                 else:
-                    result.jobs.append(Job(platform, case, impl, device))
+                    result.jobs.append(Job(platform, case, impl, target.device_type))
             if len(refusals) == len(impls):
                 result.decided.append(_not_supported(platform, case, refusals))
     return result
 
 
-def platform_device(plugins: PluginSet, platform: str) -> str:
-    """Where a platform's cases run: its GPUs when present and torch sees them, else the CPU."""
-    info = plugins.get(platform).info
-    if info is not None and info.device_source in {"nvml", "amdsmi"} and plugins.devices(platform):
-        import torch
-
-        if torch.cuda.is_available():
-            return "cuda"
-    return "cpu"
-
-
-def _arch(plugins: PluginSet, platform: str) -> str | None:
-    """The architecture impls validate against: the platform's first device's (e.g. sm_90)."""
-    devices = plugins.devices(platform)
-    return devices[0].arch if devices else None
+def run_target(plugins: PluginSet, platform: str, options: RunOptions) -> Target:
+    """Where a platform's cases run: its Target (its devices when torch reaches them, else the
+    CPU), or the device type ``--device`` forces."""
+    target = plugins.target(platform)
+    return target.on(options.device) if options.device else target
 
 
 def run(
@@ -161,7 +127,7 @@ def run(
 
     try:
         for platform, platform_plan in plans.items():
-            claims = plugins.capabilities(platform)
+            claims = plugins.capabilities(platform, run_target(plugins, platform, options))
             start = len(results)
             for result in platform_plan.decided:
                 emit(result)
@@ -175,15 +141,6 @@ def run(
     finally:
         worker.close()
     return results
-
-
-def claims_batch_invariance(features: frozenset[str], op: str) -> bool:
-    """``batch_invariant`` claims it for every op; ``batch_invariant:GLOB`` for matching ops."""
-    for feature in features:
-        name, _, pattern = feature.partition(":")
-        if name == BATCH_FEATURE and (not pattern or fnmatchcase(op, pattern)):
-            return True
-    return False
 
 
 def conformant(results: list[Result], platform: str, accept_known_failures: bool = False) -> bool:
