@@ -18,6 +18,7 @@ from hwrun.errors import HwrunError, UsageError
 # name -> "module:attribute" of a click command, imported on first use.
 COMMANDS: dict[str, str] = {
     "conformance": "hwrun_conformance.cli:conformance",
+    "generate": "hwrun.commands.generate:generate",
     "ops": "hwrun.commands.ops:ops",
     "plan": "hwrun.commands.plan:plan",
     "platforms": "hwrun.commands.platforms:platforms",

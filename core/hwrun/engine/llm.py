@@ -63,6 +63,18 @@ class LLM:
             max_model_len=max_model_len,
             **engine_flags,
         )
+        self._start(config, runner, tokenizer)
+
+    @classmethod
+    def from_config(
+        cls, config: EngineConfig, *, runner: Any = None, tokenizer: Any = _FROM_CHECKPOINT
+    ) -> LLM:
+        """An LLM for an EngineConfig already made (the CLI builds one from its flags)."""
+        llm = cls.__new__(cls)
+        llm._start(config, runner, tokenizer)
+        return llm
+
+    def _start(self, config: EngineConfig, runner: Any, tokenizer: Any) -> None:
         self.engine = LLMEngine(config, runner=runner, tokenizer=tokenizer)
         self._request_ids = itertools.count()
 
