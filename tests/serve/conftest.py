@@ -37,8 +37,8 @@ class RunningServer:
     def client(self, api_key: str = "unused", **options) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **options)
 
-    def http(self, **options) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30, **options)
+    def http(self, timeout: float = 30, **options) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=timeout, **options)
 
     def metric(self, name: str) -> float:
         """The value of an unlabelled series in /metrics."""

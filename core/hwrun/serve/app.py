@@ -138,22 +138,53 @@ async def _validation_error(request: Request, err: Exception) -> JSONResponse:
     problems = list(err.errors())
     if any(p.get("type") == "json_invalid" for p in problems):
         detail = problems[0].get("ctx", {}).get("error", "")
-        message = f"the request body is not valid JSON ({detail}); send a JSON object".replace(
-            " ()", ""
+        message = f"the request body is not valid JSON ({detail}); send a JSON object"
+        return JSONResponse(error_body(400, message.replace(" ()", "")), 400)
+    raw = next((p["input"] for p in problems if isinstance(p.get("input"), bytes)), None)
+    if raw is not None and not _is_json(raw):
+        return JSONResponse(
+            error_body(400, "the request body is not valid JSON; send a JSON object"), 400
         )
-        return JSONResponse(error_body(400, message), 400)
-    parts = []
+    parts: dict[str, str] = {}
     for problem in problems:
-        location = [str(p) for p in problem.get("loc", ()) if p != "body"]
-        where = ".".join(location) or "body"
-        if where == "body" and problem.get("type") == "missing":
-            parts.append("the request has no body; send a JSON object")
-            continue
+        fields = [str(p) for p in problem.get("loc", ()) if p != "body"]
         received = problem.get("input")
-        shown = "" if problem.get("type") == "missing" else f" (got {_short(received)})"
-        parts.append(f"{where}: {problem.get('msg', 'invalid')}{shown}")
-    param = next((str(p["loc"][-1]) for p in problems if p.get("loc")), None)
-    return JSONResponse(error_body(422, "; ".join(parts), param=param), 422)
+        if not fields and isinstance(received, bytes):
+            parts["body"] = "the request body must be sent with Content-Type: application/json"
+        elif fields and problem.get("type") == "missing":
+            parts[fields[0]] = f"{'.'.join(_member(fields))}: Field required"
+        elif not fields and problem.get("type") == "missing":
+            parts["body"] = "the request has no body; send a JSON object"
+        elif not fields:
+            parts["body"] = f"the request body must be a JSON object, got {_short(received)}"
+        elif fields[0] in UNION_FIELDS:
+            parts.setdefault(fields[0], f"{fields[0]} must be {UNION_FIELDS[fields[0]]}")
+        else:
+            where = ".".join(_member(fields))
+            parts[where] = f"{where}: {problem.get('msg', 'invalid')} (got {_short(received)})"
+    param = next(iter(parts))
+    return JSONResponse(error_body(422, "; ".join(parts.values()), param=param), 422)
+
+
+# Fields whose type is a union: pydantic reports every member's failure, one sentence is clearer.
+UNION_FIELDS = {
+    "prompt": "a string, a list of strings, a list of token ids or a list of token-id lists",
+    "stop": "a string or a list of strings",
+    "content": "a string or a list of text parts",
+}
+
+
+def _member(fields: list[str]) -> list[str]:
+    """The path without pydantic's union-member tags (``str``, ``list[int]``, ...)."""
+    return [f for f in fields if not (f in {"str", "int", "float"} or f.startswith("list["))]
+
+
+def _is_json(raw: bytes) -> bool:
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
 
 
 async def _http_error(request: Request, err: Exception) -> JSONResponse:
