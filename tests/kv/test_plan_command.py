@@ -5,7 +5,6 @@ import pytest
 from click.testing import CliRunner
 
 from hwrun.cli import cli
-from hwrun.kv.errors import PlanError
 from hwrun.models import MODELS
 
 FIXTURES = Path(__file__).parents[1] / "models" / "fixtures"
@@ -80,7 +79,9 @@ def test_budget_and_context_give_pool_and_concurrency():
 
 
 def test_int32_kernel_page_ids_warn_on_huge_pools():
-    report = plan_json("--model", "deepseek-v3.2", "--tp", "8", "--gpu-mem", "1TiB")
+    report = plan_json(
+        "--model", "deepseek-v3.2", "--tp", "8", "--gpu-mem", "1TiB", "--weights", "0"
+    )
     assert "past int32" in report["warnings"][0]
 
 
@@ -92,7 +93,16 @@ def test_index_format_option_and_config_path():
 
 def test_table_is_the_default():
     result = run(
-        "--model", "mistral-large-4", "--tp", "8", "--gpu-mem", "112GB", "--context", "128K"
+        "--model",
+        "mistral-large-4",
+        "--tp",
+        "8",
+        "--gpu-mem",
+        "112GB",
+        "--weights",
+        "0",
+        "--context",
+        "128K",
     )
     assert result.exit_code == 0, result.output
     assert "47,136" in result.output and "pool tokens per GPU" in result.output
@@ -112,12 +122,76 @@ def test_bad_sizes_and_formats_are_usage_errors():
     assert run("--model", "kimi-k3", "--tp", "0").exit_code == 2
 
 
-def test_impossible_configuration_lists_every_reason():
+def test_impossible_configuration_is_a_usage_error_listing_every_reason():
     result = run("--model", "kimi-k3.1-pro", "--tp", "5", "--dcp", "2", "--block-size", "96")
-    assert result.exit_code == 1
-    assert isinstance(result.exception, PlanError)
-    reasons = result.exception.reasons
-    assert len(reasons) == 3
-    assert any("DCP size 2" in r for r in reasons) and any("KDA heads" in r for r in reasons)
-    too_small = run("--model", "kimi-k3.1-pro", "--gpu-mem", "1000")
-    assert too_small.exit_code == 1 and "holds no block" in str(too_small.exception)
+    assert result.exit_code == 2
+    reasons = [line for line in result.output.splitlines() if line.strip().startswith("- ")]
+    assert len(reasons) == 3, result.output
+    assert "DCP size 2" in result.output and "KDA heads" in result.output
+    too_small = run("--model", "kimi-k3.1-pro", "--gpu-mem", "1000", "--weights", "0")
+    assert too_small.exit_code == 2 and "holds no block" in too_small.output
+    block = run("--model", "deepseek-v3.2", "--block-size", "3")
+    assert block.exit_code == 2 and "power of two" in block.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--gpu-mem", "141GB"), "--gpu-mem needs --weights"),
+        (("--weights", "10GB"), "--weights size the KV budget and need --gpu-mem"),
+        (("--overhead", "1GB", "--mem-util", "0.9"), "--overhead and --mem-util size the KV"),
+        (("--gpu-mem", "1e400", "--weights", "0"), "is not a size up to 2**60"),
+        (("--gpu-mem", "141GB", "--weights", "0", "--mem-util", "1.5"), "--mem-util"),
+        (("--tp", "3"), "--tp 3 does not divide the model's 128 attention heads; TP sizes"),
+        (("--block-size", "0"), "--block-size"),
+    ],
+)
+def test_option_mistakes_are_usage_errors(args, message):
+    result = run("--model", "deepseek-v3.2", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def _config(tmp_path, **changes):
+    config = json.loads((FIXTURES / "deepseek_v32_tiny.json").read_text())
+    config.update(changes)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"num_hidden_layers": "61"}, 'num_hidden_layers must be an integer, got the string "61"'),
+        ({"num_hidden_layers": 61.0}, "num_hidden_layers must be an integer, got the number 61.0"),
+        ({"num_hidden_layers": True}, "must be an integer, got the boolean true"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers must be between 1 and 1024, got 0"),
+        ({"num_hidden_layers": 10**9}, "num_hidden_layers must be between 1 and 1024"),
+        ({"kv_lora_rank": "512"}, 'kv_lora_rank must be an integer, got the string "512"'),
+        ({"kv_lora_rank": None}, "kv_lora_rank must be an integer, got null"),
+        ({"index_topk": "2048"}, 'index_topk must be an integer, got the string "2048"'),
+        ({"index_topk_freq": "4", "model_type": "glm_moe_dsa"}, "index_topk_freq must be an"),
+        ({"num_attention_heads": "32"}, "num_attention_heads must be an integer"),
+    ],
+)
+def test_config_json_mistakes_are_usage_errors(tmp_path, changes, message):
+    result = run("--model", _config(tmp_path, **changes), "--context", "128K")
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_config_json_that_is_not_an_object_or_misses_kda_shape(tmp_path):
+    path = tmp_path / "list.json"
+    path.write_text("[1, 2]")
+    result = run("--model", str(path))
+    assert result.exit_code == 2 and "must hold a JSON object" in result.output
+    kimi = json.loads((FIXTURES / "kimi_linear_tiny.json").read_text())
+    kimi["linear_attn_config"] = None
+    (tmp_path / "kimi.json").write_text(json.dumps(kimi))
+    result = run("--model", str(tmp_path / "kimi.json"))
+    assert result.exit_code == 2 and "linear_attn_config must be a JSON object" in result.output
+    kimi["linear_attn_config"] = {"full_attn_layers": [1], "kda_layers": [2], "num_heads": "32"}
+    (tmp_path / "kimi.json").write_text(json.dumps(kimi))
+    result = run("--model", str(tmp_path / "kimi.json"))
+    assert result.exit_code == 2 and "linear_attn_config" in result.output

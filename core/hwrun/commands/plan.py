@@ -1,13 +1,17 @@
 """`hwrun plan`: bytes per token, packed block layout and KV capacity of a model, as a table
 or JSON (the data itself is :func:`hwrun.kv.plan_report.plan_report`).
 
-Exit codes follow the CLI: a bad option or unknown model is a usage error (2); a configuration
-the planner refuses is a PlanError (1) listing every reason.
+Every refusal is a usage error (exit 2) listing every reason at once: a bad option value, an
+unknown model or a malformed config.json, options that need each other (``--gpu-mem`` and
+``--weights``), a TP size that does not divide the model's heads, and whatever the planner
+refuses (DCP not dividing TP, a block size that is not a power of two, a pool without a block):
+each comes from the options given, so changing them is the fix.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -21,6 +25,7 @@ from hwrun.kv.layout import DEFAULT_ALIGNMENT, DEFAULT_KERNEL_BLOCK_SIZE
 from hwrun.kv.plan_report import plan_report
 from hwrun.kv.specs import ModelSpec, index_key_format_names, latent_format_names
 
+MAX_SIZE = 2**60  # an exabyte (or 2**60 tokens): anything above is a typo, not hardware
 _UNITS = {
     "": 1,
     "k": 10**3,
@@ -43,7 +48,10 @@ def _parse_size(text: str, binary_tokens: bool) -> int:
     unit = match.group(2) or ""
     if binary_tokens and unit:
         unit = unit.rstrip("i") + "i"
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(size) or size > MAX_SIZE:
+        raise ValueError(text)
+    return int(size)
 
 
 class SizeType(click.ParamType):
@@ -58,7 +66,11 @@ class SizeType(click.ParamType):
         try:
             size = _parse_size(str(value), self.binary_tokens)
         except ValueError:
-            self.fail(f"{value!r} is not a size (examples: 51660000000, 48GiB, 1M)", param, ctx)
+            self.fail(
+                f"{value!r} is not a size up to 2**60 (examples: 51660000000, 48GiB, 1M)",
+                param,
+                ctx,
+            )
         if size < self.minimum:
             self.fail(f"{value!r} must be at least {self.minimum}", param, ctx)
         return size
@@ -136,22 +148,39 @@ def _print_table(report: dict[str, Any]) -> None:
     help="GPU memory in bytes (e.g. 288e9, 48GiB); the KV budget per GPU is "
     "gpu-mem x mem-util - weights - overhead (with their defaults: gpu-mem itself).",
 )
-@click.option("--mem-util", default=1.0, show_default=True, help="Usable share of --gpu-mem.")
-@click.option("--weights", default="0", type=SizeType("BYTES", False, 0), help="Weights per GPU.")
 @click.option(
-    "--overhead", default="0", type=SizeType("BYTES", False, 0), help="Other memory per GPU."
+    "--mem-util",
+    type=click.FloatRange(0, 1, min_open=True),
+    help="Usable share of --gpu-mem (default 1).",
+)
+@click.option(
+    "--weights",
+    type=SizeType("BYTES", False, 0),
+    help="Weights per GPU (needed with --gpu-mem; 0 plans the KV cache alone).",
+)
+@click.option(
+    "--overhead", type=SizeType("BYTES", False, 0), help="Other memory per GPU (default 0)."
 )
 @click.option(
     "--context", type=SizeType("N", binary_tokens=True), help="Context length (1M = 2**20)."
 )
-@click.option("--block-size", type=int, help="Force a block size (a power of two).")
+@click.option(
+    "--block-size", type=click.IntRange(min=1), help="Force a block size (a power of two)."
+)
 @click.option(
     "--kernel-block-size",
     default=DEFAULT_KERNEL_BLOCK_SIZE,
     show_default=True,
+    type=click.IntRange(min=1),
     help="Tokens per page the kernels read.",
 )
-@click.option("--alignment", default=DEFAULT_ALIGNMENT, show_default=True, help="Page alignment.")
+@click.option(
+    "--alignment",
+    default=DEFAULT_ALIGNMENT,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Page alignment.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def plan(
     model_name: str,
@@ -160,9 +189,9 @@ def plan(
     latent: str | None,
     index: str | None,
     gpu_mem: int | None,
-    mem_util: float,
-    weights: int,
-    overhead: int,
+    mem_util: float | None,
+    weights: int | None,
+    overhead: int | None,
     context: int | None,
     block_size: int | None,
     kernel_block_size: int,
@@ -171,8 +200,14 @@ def plan(
 ) -> None:
     """Bytes per token, packed block layout and KV capacity of a model at a TP / DCP size."""
     model = _model(model_name).with_formats(latent=latent, index=index)
+    what = f"{model.name} at TP{tp} DCP{dcp}"
+    reasons = _option_reasons(model, tp, gpu_mem, mem_util, weights, overhead)
+    if reasons:
+        raise click.UsageError(str(PlanError(what, reasons)))
     try:
-        budget = None if gpu_mem is None else kv_budget(gpu_mem, mem_util, weights, overhead)
+        budget = None
+        if gpu_mem is not None:
+            budget = kv_budget(gpu_mem, mem_util or 1.0, weights or 0, overhead or 0)
         report = plan_report(
             model,
             tp,
@@ -183,9 +218,47 @@ def plan(
             alignment=alignment,
             block_size=block_size,
         )
+    except PlanError as err:
+        raise click.UsageError(str(err)) from None
     except ValueError as err:
-        raise PlanError(f"{model.name} at TP{tp} DCP{dcp}", [str(err)]) from None
+        raise click.UsageError(str(PlanError(what, [str(err)]))) from None
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
         _print_table(report)
+
+
+def _option_reasons(
+    model: ModelSpec,
+    tp: int,
+    gpu_mem: int | None,
+    mem_util: float | None,
+    weights: int | None,
+    overhead: int | None,
+) -> list[str]:
+    """Options that need each other, and a TP size the model's heads cannot be split into."""
+    reasons = []
+    if gpu_mem is not None and weights is None:
+        reasons.append(
+            "--gpu-mem needs --weights (the model's weight bytes per GPU, e.g. 193.144e9); "
+            "pass --weights 0 to size the KV cache as if the GPU held nothing else"
+        )
+    given = [
+        name
+        for name, value in (
+            ("--weights", weights),
+            ("--overhead", overhead),
+            ("--mem-util", mem_util),
+        )
+        if value is not None
+    ]
+    if gpu_mem is None and given:
+        reasons.append(f"{' and '.join(given)} size the KV budget and need --gpu-mem")
+    heads = model.attention_heads
+    if heads is not None and heads % tp:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        reasons.append(
+            f"--tp {tp} does not divide the model's {heads} attention heads; TP sizes that do: "
+            f"{', '.join(map(str, divisors))}"
+        )
+    return reasons

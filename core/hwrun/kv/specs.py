@@ -141,6 +141,7 @@ class ModelSpec:
     layers: tuple[LayerSpec, ...]
     source: str = ""
     assumptions: tuple[str, ...] = field(default=())
+    attention_heads: int | None = None  # query heads (TP must divide them); None: not known
 
     def with_formats(self, latent: str | None = None, index: str | None = None) -> ModelSpec:
         """The same model with every latent (resp. index-key) cache stored in another format.

@@ -27,4 +27,5 @@ def deepseek_v32() -> ModelSpec:
             "latent stored as fp8_ds_mla and index keys as fp8 (vLLM's FlashMLA sparse path)",
             "the MTP layer is not counted",
         ),
+        attention_heads=128,  # num_attention_heads of the same config.json
     )

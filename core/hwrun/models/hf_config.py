@@ -33,21 +33,33 @@ ARCHITECTURES = {
 LATENT_WIDTH = 576  # the latent formats store 512 NoPE + 64 RoPE dims
 
 
+# Bounds on what a real checkpoint holds, so a typo (1e9 layers) is refused instead of planned.
+MAX_LAYERS = 1024
+MAX_DIM = 1 << 20
+
+
 class ConfigError(ValueError):
     """A config.json hwrun cannot turn into layer specs; the message says which key and why."""
 
 
 def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     text = config.get("text_config")
-    return {**config, **text} if isinstance(text, dict) else config
+    if text is None:
+        return config
+    if not isinstance(text, dict):
+        raise ConfigError(f"text_config must be a JSON object, got {_kind(text)}")
+    return {**config, **text}
 
 
 def model_type_of(config: dict[str, Any]) -> str:
-    config = _text_config(config)
+    config = _text_config(_object(config))
     model_type = config.get("model_type")
     if model_type in DSA_MODEL_TYPES | {"kimi_linear"}:
         return model_type
-    for arch in config.get("architectures") or ():
+    architectures = config.get("architectures") or ()
+    if not isinstance(architectures, list):
+        raise ConfigError(f"architectures must be a list of names, got {_kind(architectures)}")
+    for arch in architectures:
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch]
     known = ", ".join(sorted(ARCHITECTURES))
@@ -57,14 +69,53 @@ def model_type_of(config: dict[str, Any]) -> str:
     )
 
 
-def _require(config: dict[str, Any], key: str) -> Any:
+def _object(config: Any) -> dict[str, Any]:
+    if not isinstance(config, dict):
+        raise ConfigError(
+            f"config.json must hold a JSON object ({{...}}), got {_kind(config)}; give the "
+            "model's Hugging Face config.json"
+        )
+    return config
+
+
+def _kind(value: Any) -> str:
+    """How a JSON value reads to a person: 'the string "61"', 'null', 'the number 61.0'."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"the string {json.dumps(value)}"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    return f"a JSON {'array' if isinstance(value, list) else 'object'}"
+
+
+def _int(
+    config: dict[str, Any],
+    key: str,
+    *,
+    minimum: int = 1,
+    maximum: int = MAX_DIM,
+    default: int | None = None,
+    where: str = "config.json",
+) -> int:
+    """An integer field in [minimum, maximum]; JSON strings, floats, booleans and null are
+    refused by name (``"61"``, ``61.0``, ``true`` are not layer counts)."""
     if key not in config:
-        raise ConfigError(f"config.json has no {key!r}, needed to size the KV cache")
-    return config[key]
+        if default is not None:
+            return default
+        raise ConfigError(f"{where} has no {key!r}, needed to size the KV cache")
+    value = config[key]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{where}: {key} must be an integer, got {_kind(value)}")
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{where}: {key} must be between {minimum} and {maximum}, got {value}")
+    return value
 
 
 def _latent(config: dict[str, Any], fmt: str, nope: bool = False) -> LatentSpec:
-    width = _require(config, "kv_lora_rank") + _require(config, "qk_rope_head_dim")
+    width = _int(config, "kv_lora_rank") + _int(config, "qk_rope_head_dim")
     if width != LATENT_WIDTH:
         raise ConfigError(
             f"kv_lora_rank + qk_rope_head_dim = {width}; the latent formats store {LATENT_WIDTH}"
@@ -76,18 +127,28 @@ def _indexer_types(config: dict[str, Any], num_layers: int) -> list[str]:
     types = config.get("indexer_types")
     if types is None and config.get("index_topk_pattern") is not None:
         pattern = config["index_topk_pattern"]
-        types = (
-            [{"F": "full", "S": "shared"}[c] for c in pattern]
-            if isinstance(pattern, str)
-            else pattern
-        )
+        if isinstance(pattern, str):
+            unknown = sorted(set(pattern) - {"F", "S"})
+            if unknown:
+                raise ConfigError(
+                    f"index_topk_pattern may hold only 'F' (full) and 'S' (shared), got {unknown}"
+                )
+            types = [{"F": "full", "S": "shared"}[c] for c in pattern]
+        else:
+            types = pattern
     if types is None:
-        freq = max(config.get("index_topk_freq", 1), 1)
-        offset = config.get("index_skip_topk_offset", 2)
+        freq = _int(config, "index_topk_freq", default=1, maximum=MAX_LAYERS)
+        offset = _int(config, "index_skip_topk_offset", minimum=0, default=2, maximum=MAX_LAYERS)
         types = [
             "full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(num_layers)
         ]
-    if len(types) != num_layers or set(types) - {"full", "shared"} or types[0] != "full":
+    if (
+        not isinstance(types, list)
+        or len(types) != num_layers
+        or not all(isinstance(t, str) for t in types)
+        or set(types) - {"full", "shared"}
+        or types[0] != "full"
+    ):
         raise ConfigError(
             f"indexer types must list 'full' or 'shared' for each of {num_layers} layers, the "
             f"first 'full'; got {types}"
@@ -95,15 +156,26 @@ def _indexer_types(config: dict[str, Any], num_layers: int) -> list[str]:
     return list(types)
 
 
+def _num_layers(config: dict[str, Any]) -> int:
+    return _int(config, "num_hidden_layers", maximum=MAX_LAYERS)
+
+
+def _attention_heads(config: dict[str, Any]) -> int | None:
+    """The query heads, when the config gives them (TP must divide them)."""
+    if config.get("num_attention_heads") is None:
+        return None
+    return _int(config, "num_attention_heads")
+
+
 def _dsa_spec(
     config: dict[str, Any], name: str, latent_format: str, index_format: str
 ) -> ModelSpec:
-    num_layers = _require(config, "num_hidden_layers")
+    num_layers = _num_layers(config)
     indexer = IndexKeySpec(
         format=index_format,
-        heads=_require(config, "index_n_heads"),
-        head_dim=_require(config, "index_head_dim"),
-        topk=_require(config, "index_topk"),
+        heads=_int(config, "index_n_heads"),
+        head_dim=_int(config, "index_head_dim"),
+        topk=_int(config, "index_topk"),
     )
     latent = _latent(config, latent_format)
     types = _indexer_types(config, num_layers)
@@ -114,32 +186,57 @@ def _dsa_spec(
             layers.append(LayerSpec(index=index, latent=latent, indexer=indexer))
         else:
             layers.append(LayerSpec(index=index, latent=latent, indexer_owner=last_full))
-    return ModelSpec(name, tuple(layers), source="config.json")
+    return ModelSpec(
+        name, tuple(layers), source="config.json", attention_heads=_attention_heads(config)
+    )
+
+
+def _layer_numbers(linear: dict[str, Any], key: str, num_layers: int) -> set[int]:
+    """A 1-indexed layer list of linear_attn_config, as 0-indexed layers."""
+    if key not in linear:
+        raise ConfigError(f"linear_attn_config has no {key!r}, needed to size the KV cache")
+    numbers = linear[key]
+    if not isinstance(numbers, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= num_layers for n in numbers
+    ):
+        raise ConfigError(
+            f"linear_attn_config: {key} must list layer numbers 1..{num_layers}, got "
+            f"{_kind(numbers) if not isinstance(numbers, list) else numbers}"
+        )
+    return {n - 1 for n in numbers}
 
 
 def _kimi_linear_spec(config: dict[str, Any], name: str, latent_format: str) -> ModelSpec:
-    num_layers = _require(config, "num_hidden_layers")
-    linear = _require(config, "linear_attn_config")
-    full = {layer - 1 for layer in _require(linear, "full_attn_layers")}  # 1-indexed in the file
-    kda_layers = {layer - 1 for layer in _require(linear, "kda_layers")}
+    num_layers = _num_layers(config)
+    linear = config.get("linear_attn_config")
+    if not isinstance(linear, dict):
+        raise ConfigError(
+            f"linear_attn_config must be a JSON object (the KDA layers' shape), got {_kind(linear)}"
+        )
+    full = _layer_numbers(linear, "full_attn_layers", num_layers)
+    kda_layers = _layer_numbers(linear, "kda_layers", num_layers)
     if full & kda_layers or full | kda_layers != set(range(num_layers)):
         raise ConfigError(
             "linear_attn_config: full_attn_layers and kda_layers (1-indexed) must split layers "
             f"1..{num_layers} between them"
         )
-    head_dim = _require(linear, "head_dim")
+    where = "linear_attn_config"
+    head_dim = _int(linear, "head_dim", where=where)
     kda = KDAStateSpec(
-        heads=_require(linear, "num_heads"),
+        heads=_int(linear, "num_heads", where=where),
         key_dim=head_dim,
         value_dim=head_dim,
-        conv_kernel=linear.get("short_conv_kernel_size", 4),
+        conv_kernel=_int(linear, "short_conv_kernel_size", default=4, maximum=64, where=where),
     )
-    latent = _latent(config, latent_format, nope=bool(config.get("mla_use_nope", False)))
+    nope = config.get("mla_use_nope", False)
+    if not isinstance(nope, bool):
+        raise ConfigError(f"mla_use_nope must be true or false, got {_kind(nope)}")
+    latent = _latent(config, latent_format, nope=nope)
     layers = tuple(
         LayerSpec(index=i, latent=latent) if i in full else LayerSpec(index=i, kda=kda)
         for i in range(num_layers)
     )
-    return ModelSpec(name, layers, source="config.json")
+    return ModelSpec(name, layers, source="config.json", attention_heads=_attention_heads(config))
 
 
 def spec_from_hf_config(
@@ -151,7 +248,7 @@ def spec_from_hf_config(
     """Layer specs of a Hugging Face config. Latent default: fp8_ds_mla for the DSA models (the
     FlashMLA sparse cache), bf16 for Kimi-Linear (vLLM's default cache dtype)."""
     model_type = model_type_of(config)
-    config = _text_config(config)
+    config = _text_config(_object(config))
     if model_type == "kimi_linear":
         return _kimi_linear_spec(config, name, latent_format or "bf16")
     return _dsa_spec(config, name, latent_format or "fp8_ds_mla", index_format)
