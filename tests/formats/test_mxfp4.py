@@ -91,6 +91,18 @@ def test_nan_block_scale_is_ff():
     assert scales.flatten().tolist() == [125, 255]
 
 
+def test_inf_block_scale_is_fd_under_floor_and_fe_under_rceil():
+    # Documented in docs/formats.md: torchao's FLOOR gives 0xFD; OCP's reference code NaN.
+    x = torch.ones(2, 32)
+    x[1, 3] = math.inf
+    for rule, code in (("floor", 0xFD), ("rceil", 0xFE)):
+        packed, scales = mxfp4.quantize_mxfp4(x, rule=rule)
+        assert scales.flatten().tolist()[1] == code
+        back = mxfp4.dequantize_mxfp4(packed, scales)
+        assert back[1, 3].item() == math.inf and bool((back[1, :3] == 0).all())
+        assert bool((back[0] == 1).all())
+
+
 def test_packing_low_nibble_is_the_even_element():
     x = torch.zeros(1, 32)
     x[0, 0], x[0, 1] = 4.0, -1.0  # amax 4: floor scale 2^0 -> codes 6 and 0xA

@@ -119,3 +119,34 @@ def test_nan_block_decodes_to_nan():
     packed, scales, ts = nvfp4.quantize_nvfp4(x, 1.0)
     back = nvfp4.dequantize_nvfp4(packed, scales, ts)
     assert bool(back[0, 16:].isnan().all()) and not bool(back[0, :16].isnan().any())
+
+
+def test_a_nan_or_inf_costs_its_own_block_only(gen):
+    x = torch.randn(4, 64, generator=gen)
+    want_packed, want_scales, want_ts = nvfp4.quantize_nvfp4(x)
+    for bad in (math.nan, math.inf, -math.inf):
+        y = x.clone()
+        y[0, 20] = bad  # block 1 of row 0
+        packed, scales, ts = nvfp4.quantize_nvfp4(y)
+        assert ts == want_ts  # the tensor scale ignores non-finite values
+        other = torch.ones_like(scales, dtype=torch.bool)
+        other[0, 1] = False
+        assert torch.equal(scales[other], want_scales[other])
+        assert torch.equal(packed.reshape(4, 4, 8)[other], want_packed.reshape(4, 4, 8)[other])
+        back = nvfp4.dequantize_nvfp4(packed, scales, ts)
+        if math.isnan(bad):
+            assert bool(back[0, 16:32].isnan().all())
+        else:  # saturates to the tensor's largest finite magnitude, sign kept
+            assert back[0, 20].item() == pytest.approx(math.copysign(6 * 448, bad) / ts.item())
+            assert bool(back.isfinite().all())
+
+
+@pytest.mark.parametrize("magnitude", [1e-30, 1e-35, 1e-37, 1e-39])
+def test_tiny_tensors_keep_a_finite_scale_and_their_values(gen, magnitude):
+    # 448 * 6 / amax overflowed fp32 below ~7.9e-36 and such tensors decoded to all zeros.
+    x = torch.randn(2, 32, generator=gen) * magnitude
+    packed, scales, ts = nvfp4.quantize_nvfp4(x)
+    assert math.isfinite(ts.item()) and ts.item() <= nvfp4.MAX_TENSOR_SCALE
+    back = nvfp4.dequantize_nvfp4(packed, scales, ts)
+    error = ((back - x).abs().max() / x.abs().max()).item()
+    assert error < (0.5 if magnitude < 1e-38 else 0.2), error  # fp32 subnormals lose bits

@@ -8,7 +8,9 @@ Scale rules (the exponent e of the block scale 2^e, stored as E8M0 code e + 127)
   ``e = ceil(log2(amax / 6))`` exactly on the bits of the fp32 quotient, clamped to
   [-127, 127]; amax zero -> 0x00, +inf -> 0xFE, NaN -> 0xFF. Elements never saturate.
 Elements are ``e2m1(x * 2^-e)`` with the exact power of two (also 2^127 for code 0); every
-element of a NaN block (scale 0xFF) is code 0.
+element of a NaN block (scale 0xFF) is code 0. A block holding +/-inf gets 0xFD under
+``"floor"`` (inf's exponent bits read as 128, as torchao; OCP's reference code gives NaN) and
+0xFE under ``"rceil"``: the infinity saturates to 6 * 2^126, its finite neighbours decode to 0.
 """
 
 from __future__ import annotations

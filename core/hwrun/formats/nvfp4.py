@@ -1,7 +1,9 @@
 """NVFP4: E2M1 elements, one E4M3 scale per 16 elements, and one fp32 tensor scale.
 
-Rule (docs/formats.md, "NVFP4"): ``tensor_scale = 448 * 6 / amax(x)`` unless given (1.0 when
-amax is 0); per block of 16, ``sf = (amax_b / 6) * tensor_scale`` in fp32, stored as
+Rule (docs/formats.md, "NVFP4"): ``tensor_scale = min(448 * 6 / amax(x), FLT_MAX * 2^-9)``
+unless given, with ``amax`` over the finite elements only (1.0 when that is 0): a NaN or an
+infinity costs its own block, never the tensor, and a tiny tensor keeps a finite scale; per
+block of 16, ``sf = (amax_b / 6) * tensor_scale`` in fp32, stored as
 ``s = e4m3(max(sf, 2^-9))`` (RNE, saturating at 448; the floor at the smallest e4m3 keeps every
 scale non-zero, as DeepSeek-V4's fp4 activation quantizer does); elements
 ``e2m1(x * (tensor_scale / s))`` with E2M1's element rule (e2m1.py). Decoding is
@@ -36,11 +38,16 @@ from hwrun.formats.fp8 import E4M3_MAX, decode_e4m3, encode_e4m3
 NV_BLOCK = 16
 MIN_BLOCK_SCALE = 2.0**-9  # the smallest positive e4m3 (a subnormal)
 TILE_ROWS, TILE_COLS = 128, 4
+MAX_TENSOR_SCALE = torch.finfo(torch.float32).max * MIN_BLOCK_SCALE  # 2^119 (1 - 2^-24)
 
 
 def default_tensor_scale(x: torch.Tensor) -> torch.Tensor:  # [...] -> 0-dim fp32
-    amax = x.float().abs().amax()
-    return torch.where(amax == 0, torch.ones_like(amax), divide_into(E4M3_MAX * E2M1_MAX, amax))
+    magnitude = x.float().abs()
+    amax = torch.where(torch.isfinite(magnitude), magnitude, 0.0).amax()
+    # Capped so that tensor_scale / s stays finite for every block scale s >= 2^-9 (the quotient
+    # overflowed fp32 below amax ~7.9e-36 and the tensor decoded to zeros).
+    scale = divide_into(E4M3_MAX * E2M1_MAX, amax).clamp(max=MAX_TENSOR_SCALE)
+    return torch.where(amax == 0, torch.ones_like(amax), scale)
 
 
 def quantize_blocks(
