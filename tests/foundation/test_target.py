@@ -1,6 +1,7 @@
 """Target: where a platform runs, resolved once from the plugin's devices."""
 
 import pytest
+import torch
 
 from hwrun import target as target_module
 from hwrun.platform import DeviceInfo
@@ -51,8 +52,8 @@ def test_reachable_devices_decide_device_type_and_arch(monkeypatch):
     assert (spec.device_type, spec.arch, spec.dtype) == ("cuda", "sm_90", "float32")
 
 
-def test_devices_torch_cannot_reach_leave_a_cpu_target_with_the_reason():
-    # This test machine's torch has no CUDA device (the suite runs on CPU).
+def test_devices_torch_cannot_reach_leave_a_cpu_target_with_the_reason(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only torch
     target = resolve_target("nvidia", [H200])
     assert target.device_type == "cpu" and target.devices == () and target.arch is None
     assert "found 1 x NVIDIA H200, but torch.cuda.is_available() is False" in target.reasons[0]
