@@ -54,14 +54,19 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
 
 
 def top_logprobs(logprobs: torch.Tensor, token_id: int, num: int) -> Logprobs:
-    """``token_id``'s logprob first, then the ``num`` largest in descending order (smallest
+    """``token_id``'s logprob first, then the ``num`` largest in descending order (smaller
     index first among equals); ``token_id`` appears once."""
     entry = {token_id: float(logprobs[token_id])}
     if num > 0:
-        values, indices = torch.sort(logprobs, descending=True, stable=True)
-        for value, index in zip(values[:num].tolist(), indices[:num].tolist(), strict=True):
+        values, indices = torch.topk(logprobs, min(num, logprobs.numel()))
+        ranked = sorted(zip(values.tolist(), indices.tolist(), strict=True), key=_rank)
+        for value, index in ranked:
             entry.setdefault(index, value)
     return entry
+
+
+def _rank(value_index: tuple[float, int]) -> tuple[float, int]:
+    return (-value_index[0], value_index[1])
 
 
 def sample(
