@@ -11,30 +11,23 @@ from hwrun import __version__
 from hwrun.devices import detect_cpu
 from hwrun.hookspecs import hookimpl
 from hwrun.ops.catalogue import catalogue
-from hwrun.platform import Capabilities, DeviceInfo, PlatformInfo
+from hwrun.platform import Capabilities, PlatformInfo
+from hwrun.platform_hooks import platform_hooks
 from hwrun.registry import OpImpl, OpRegistry
 
 NAME = "reference"
 
 
-@hookimpl
-def hwrun_api_version() -> str:
-    return "1.1"
-
-
-@hookimpl
-def hwrun_platform() -> PlatformInfo:
-    return PlatformInfo(
+hwrun_api_version, hwrun_platform, hwrun_devices = platform_hooks(
+    "1.1",
+    PlatformInfo(
         name=NAME,
         vendor="hwrun",
         description="Pure-PyTorch reference of every op (exact, slow); runs on any torch device",
         version=__version__,
-    )
-
-
-@hookimpl
-def hwrun_devices() -> list[DeviceInfo]:
-    return detect_cpu()
+    ),
+    detect_cpu,
+)
 
 
 @hookimpl
@@ -48,6 +41,7 @@ def hwrun_register_ops(registry: OpRegistry) -> None:
                 fn=contract.reference,
                 validate=contract.reference_validate,
                 description="pure-PyTorch definition",
+                batch_invariant=True,  # every reference computes each row on its own
             )
         )
 

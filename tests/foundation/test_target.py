@@ -1,5 +1,8 @@
 """Target: where a platform runs, resolved once from the plugin's devices."""
 
+import sys
+import types
+
 import pytest
 import torch
 
@@ -9,6 +12,7 @@ from hwrun.plugins import load_plugins
 from hwrun.registry import OpSpec
 from hwrun.target import Target, resolve_target
 
+from .conftest import fake_amdsmi
 from .plugin_modules import write_plugin
 
 H200 = DeviceInfo(0, "nvidia", "NVIDIA H200", "sm_90", 141 * 2**30, device_type="cuda")
@@ -86,22 +90,38 @@ def test_a_third_party_plugin_reporting_its_devices_is_chosen_by_auto(plugin_dir
     assert (target.device_type, target.arch, target.devices[0].name) == ("cpu", "n1", "ACME N1")
 
 
-def test_a_raising_detector_leaves_the_plugin_loaded_with_the_reason(plugin_dir, monkeypatch):
-    def amdsmi_without_rocm():
+def test_a_raising_vendor_library_leaves_the_plugin_loaded_with_the_reason(monkeypatch):
+    def without_rocm():
         raise KeyError("libamd_smi.so")
 
-    monkeypatch.setattr("hwrun_amd.plugin.detect_amdsmi", amdsmi_without_rocm)
+    fake_amdsmi(monkeypatch, []).amdsmi_init = without_rocm
     plugin_set = load_plugins([])
     assert "amd" in plugin_set.names()
     target = plugin_set.target("amd")
     assert target.devices == ()
-    assert target.reasons == ("device detection raised KeyError: 'libamd_smi.so'",)
+    assert target.reasons == (
+        "amdsmi did not start (KeyError: 'libamd_smi.so'): no AMD GPU driver",
+    )
+    assert plugin_set.choose_platform("auto") == "reference"
+
+
+def test_a_raising_devices_hook_leaves_the_plugin_loaded_with_the_reason(plugin_dir):
+    module = write_plugin(
+        plugin_dir, THIRD_PARTY.replace("return [", "raise RuntimeError('bus error')\n    return [")
+    )
+    plugin_set = load_plugins([module])
+    assert "acme" in plugin_set.names()
+    assert plugin_set.target("acme").reasons == ("device detection raised RuntimeError: bus error",)
     assert plugin_set.choose_platform("auto") == "reference"
 
 
 def test_target_is_resolved_once_per_plugin_set(monkeypatch):
     calls = []
-    monkeypatch.setattr("hwrun_tpu.plugin.detect_tpu_info", lambda: calls.append(1) or [])
+    tpu_info = types.ModuleType("tpu_info")
+    tpu_info.device = types.SimpleNamespace(get_local_chips=lambda: calls.append(1) or (None, 0))
+    monkeypatch.setitem(sys.modules, "tpu_info", tpu_info)
+    monkeypatch.setitem(sys.modules, "tpu_info.device", tpu_info.device)
     plugin_set = load_plugins([])
     plugin_set.target("tpu"), plugin_set.devices("tpu"), plugin_set.capabilities("tpu")
     assert calls == [1]
+    assert plugin_set.target("tpu").reasons == ("tpu-info lists no TPU chip",)

@@ -15,33 +15,27 @@ from __future__ import annotations
 from hwrun.devices import detect_amdsmi
 from hwrun.hookspecs import hookimpl
 from hwrun.kernels.triton.registration import TritonTier
-from hwrun.platform import Capabilities, DeviceInfo, PlatformInfo
+from hwrun.platform import Capabilities, PlatformInfo
+from hwrun.platform_hooks import platform_hooks
 from hwrun.registry import OpRegistry
 from hwrun.target import Target
 from hwrun_amd.device_checks import TUNED_FOR, triton_device_reasons
+from hwrun_amd.serve_recipe import hwrun_serve_recipe, hwrun_validate_deployment  # noqa: F401 (hooks)
 
 NAME = "amd"
 TRITON = TritonTier(triton_device_reasons, TUNED_FOR)
 
 
-@hookimpl
-def hwrun_api_version() -> str:
-    return "1.1"
-
-
-@hookimpl
-def hwrun_platform() -> PlatformInfo:
-    return PlatformInfo(
+hwrun_api_version, hwrun_platform, hwrun_devices = platform_hooks(
+    "1.1",
+    PlatformInfo(
         name=NAME,
         vendor="amd",
         description="AMD Instinct GPUs (CDNA3/CDNA4): portable Triton tier",
         version="0.1.0",
-    )
-
-
-@hookimpl
-def hwrun_devices() -> list[DeviceInfo]:
-    return detect_amdsmi()
+    ),
+    detect_amdsmi,
+)
 
 
 @hookimpl

@@ -1,7 +1,8 @@
 """Hooks of the NVIDIA platform: the portable Triton tier (core's kernels, Hopper defaults)
 under the DeepGEMM and FlashMLA adapters (:mod:`hwrun_nvidia.deepgemm`, :mod:`.flashmla`).
 
-Priorities: a vendor adapter (when its library imports and the spec suits it) 20, Triton 10.
+Priorities: a vendor adapter (when its library imports and the spec suits it) 20, Triton 10,
+the graph-safe torch impls of to_slots and moe.route (CUDA only) 5.
 The adapters need a CUDA device; the Triton tier also runs on CPU tensors in Triton's
 interpreter. The kernels' defaults are the H200's: the paged indexer logits run 4 warps per
 64-token block with 4 cp.async stages (~8 programs per multiprocessor); the sparse MLA decode
@@ -13,35 +14,30 @@ from __future__ import annotations
 
 from hwrun.devices import detect_nvml
 from hwrun.hookspecs import hookimpl
+from hwrun.kernels.torch_tier import register_torch_tier
 from hwrun.kernels.triton.registration import TritonTier
-from hwrun.platform import Capabilities, DeviceInfo, PlatformInfo
+from hwrun.platform import Capabilities, PlatformInfo
+from hwrun.platform_hooks import platform_hooks
 from hwrun.registry import OpRegistry
 from hwrun.target import Target
 from hwrun_nvidia import deepgemm, flashmla
 from hwrun_nvidia.device_checks import TUNED_FOR, triton_device_reasons
+from hwrun_nvidia.serve_recipe import hwrun_serve_recipe, hwrun_validate_deployment  # noqa: F401 (hooks)
 
 NAME = "nvidia"
 TRITON = TritonTier(triton_device_reasons, TUNED_FOR)
 
 
-@hookimpl
-def hwrun_api_version() -> str:
-    return "1.1"
-
-
-@hookimpl
-def hwrun_platform() -> PlatformInfo:
-    return PlatformInfo(
+hwrun_api_version, hwrun_platform, hwrun_devices = platform_hooks(
+    "1.1",
+    PlatformInfo(
         name=NAME,
         vendor="nvidia",
         description="NVIDIA GPUs (Hopper, Blackwell): Triton tier + DeepGEMM/FlashMLA adapters",
         version="0.1.0",
-    )
-
-
-@hookimpl
-def hwrun_devices() -> list[DeviceInfo]:
-    return detect_nvml()
+    ),
+    detect_nvml,
+)
 
 
 @hookimpl
@@ -50,6 +46,7 @@ def hwrun_register_ops(registry: OpRegistry) -> None:
     vendor libraries are imported at the first call, so loading the plugin stays cheap and
     works without a GPU."""
     TRITON.register(registry)
+    register_torch_tier(registry)  # graph-safe to_slots / moe.route for CUDA-graph decode
     deepgemm.register(registry)
     flashmla.register(registry)
 

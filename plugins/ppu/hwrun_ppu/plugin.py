@@ -7,29 +7,23 @@ from __future__ import annotations
 
 from hwrun.devices import detect_ppu
 from hwrun.hookspecs import hookimpl
-from hwrun.platform import Capabilities, DeviceInfo, PlatformInfo
+from hwrun.platform import Capabilities, PlatformInfo
+from hwrun.platform_hooks import platform_hooks
+from hwrun_ppu.serve_recipe import hwrun_serve_recipe, hwrun_validate_deployment  # noqa: F401 (hooks)
 
 NAME = "ppu"
 
 
-@hookimpl
-def hwrun_api_version() -> str:
-    return "1.1"
-
-
-@hookimpl
-def hwrun_platform() -> PlatformInfo:
-    return PlatformInfo(
+hwrun_api_version, hwrun_platform, hwrun_devices = platform_hooks(
+    "1.1",
+    PlatformInfo(
         name=NAME,
         vendor="alibaba",
         description="Alibaba T-HEAD Zhenwu PPU (M890, 810E): devices only, no op impls yet",
         version="0.1.0",
-    )
-
-
-@hookimpl
-def hwrun_devices() -> list[DeviceInfo]:
-    return detect_ppu()
+    ),
+    detect_ppu,
+)
 
 
 @hookimpl
