@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence as SequenceOf
 from typing import Any
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hwrun.engine.config import EngineConfig
@@ -152,6 +153,6 @@ def _progress(enabled: bool) -> Progress:
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
+        console=Console(stderr=True),  # stdout stays for what the caller prints
         disable=not enabled,
-        transient=False,
     )
