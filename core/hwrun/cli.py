@@ -22,7 +22,6 @@ COMMANDS: dict[str, str] = {
     "ops": "hwrun.commands.ops:ops",
     "plan": "hwrun.commands.plan:plan",
     "platforms": "hwrun.commands.platforms:platforms",
-    "serve": "hwrun.commands.serve:serve",
 }
 
 

@@ -62,15 +62,18 @@ def generate(prompts: tuple[str, ...], **options: Any) -> None:
         else:
             outputs = llm.generate(requests, params)
     except PromptError as err:
-        raise click.BadParameter(str(err), param_hint="PROMPT") from err
+        hint = "" if llm.tokenizer or options["token_ids"] else " (with --token-ids: '1,2,3')"
+        raise click.BadParameter(f"{err}{hint}", param_hint="PROMPT") from err
     for request, output in zip(requests, outputs, strict=True):
         completion = output.outputs[0]
         if options["as_json"]:
             click.echo(json.dumps(asdict(output), default=str))
             continue
-        prompt_text = request if isinstance(request, str) else str(request)
-        body = completion.text if llm.tokenizer is not None else str(completion.token_ids)
-        out.print(f"[bold]{escape(prompt_text)}[/bold]{escape(body)}", highlight=False)
+        if isinstance(request, str):
+            shown = f"[bold]{escape(request)}[/bold]{escape(completion.text)}"
+        else:
+            shown = f"[bold]{request}[/bold] -> {completion.token_ids}"
+        out.print(shown, highlight=False)
         out.print(
             f"[dim]({len(completion.token_ids)} tokens, {completion.finish_reason})[/dim]",
             highlight=False,
