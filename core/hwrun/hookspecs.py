@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from hwrun.deployment import Deployment
     from hwrun.platform import Capabilities, DeviceInfo, PlatformInfo
     from hwrun.registry import OpRegistry
+    from hwrun.serve.recipe import ServeRecipe
     from hwrun.target import Target
 
 PROJECT = "hwrun"
@@ -141,4 +142,27 @@ def hwrun_validate_deployment(deployment: Deployment, target: Target) -> list[st
     .. versionadded:: 1.0
     .. versionchanged:: 1.1
         ``target`` argument; core checks the device count.
+    """
+
+
+@hookspec(firstresult=True)
+def hwrun_serve_recipe(deployment: Deployment) -> ServeRecipe | None:
+    """(optional) How vLLM serves ``deployment`` on this platform (``hwrun serve --engine
+    vllm``): the flags after ``vllm serve MODEL`` and the environment, as the platform's
+    validated recipes give them.
+
+    Build the flags from the deployment (tensor / decode-context / data parallel sizes, nodes,
+    expert parallel, decode backend) and the model family
+    (:func:`hwrun.serve.recipe.model_family`). Core then appends the user's extra vLLM flags,
+    reads the whole command back into a Deployment and asks
+    :func:`hwrun_validate_deployment` about it before anything is launched. Flags may name
+    per-node environment variables as ``$NAME`` (the head address, a worker's rank): a launch
+    expands them and refuses when one is unset; ``--dry-run`` prints them as they are.
+    Defaults to None: the platform has no vLLM recipe and the launcher refuses it.
+
+    :param deployment: the :class:`hwrun.deployment.Deployment` the user asked for; its
+        ``model`` is a Hugging Face id or a local path.
+    :return: a :class:`hwrun.serve.recipe.ServeRecipe`, or None.
+
+    .. versionadded:: 1.1
     """

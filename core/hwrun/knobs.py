@@ -19,6 +19,10 @@ KNOBS: dict[str, str] = {
     "is an error. Any other value is refused.",
     "HWRUN_COLLECTIVE_TIMEOUT_S": "Seconds a collective of the default torch.distributed "
     "communicator may wait for its peers before every rank raises (default 60).",
+    "HWRUN_API_KEY": "Default for `hwrun serve --api-key`: clients must send "
+    "'Authorization: Bearer <key>' on /v1 (with --engine vllm it becomes VLLM_API_KEY).",
+    "HWRUN_VLLM": "The vllm executable `hwrun serve --engine vllm` runs (default: `vllm` on "
+    "PATH), e.g. the one of a separate virtualenv.",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
     "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "
     "(slow: for CI and debugging; vendor-library adapters still need their device). Triton reads "
@@ -79,6 +83,14 @@ def reference_fallback() -> bool:
 def collective_timeout_s() -> float:
     raw = os.environ.get("HWRUN_COLLECTIVE_TIMEOUT_S", "").strip()
     return float(raw) if raw else 60.0
+
+
+def api_key() -> str | None:
+    return os.environ.get("HWRUN_API_KEY") or None
+
+
+def vllm_executable() -> str | None:
+    return os.environ.get("HWRUN_VLLM", "").strip() or None
 
 
 def triton_interpret() -> bool:
