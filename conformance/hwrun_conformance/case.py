@@ -23,6 +23,7 @@ ACCURACY = "accuracy"  # outputs against the reference
 PADDING = "padding"  # outputs unchanged when ignored inputs (padding, masked slots) change
 BATCH = "batch"  # a row's outputs bitwise identical alone and inside the full batch
 KINDS = (ACCURACY, PADDING, BATCH)
+BATCH_METRIC = "batch_invariance"  # a BATCH case's bitwise check: rows alone vs the full batch
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hwrun_conformance import metrics
-from hwrun_conformance.case import ACCURACY, BATCH, PADDING, Case, Sample
+from hwrun_conformance.case import ACCURACY, BATCH, BATCH_METRIC, PADDING, Case, Sample
 from hwrun_conformance.guards import guard_damage, guarded_copy
 from hwrun_conformance.tolerances import RELAXATIONS, Relaxation, tolerance_for
 
@@ -53,7 +53,7 @@ def run_case(
     if case.kind == PADDING:
         return _padding(case, sample, fn, device)
     if case.kind == BATCH:
-        return _batch(case, sample, fn, device)
+        return _batch(case, sample, fn, reference, platform, device, relaxations)
     raise ValueError(f"unknown case kind {case.kind!r}")
 
 
@@ -76,7 +76,19 @@ def _accuracy(
     got, damage = outcome
     if damage:
         return Verdict(False, "guard_bytes", None, 0.0, damage)
+    return _compare(case, sample, got, ref_out, platform, relaxations)
 
+
+def _compare(
+    case: Case,
+    sample: Sample,
+    got: dict[str, Any],
+    ref_out: dict[str, Any],
+    platform: str,
+    relaxations: tuple[Relaxation, ...],
+) -> Verdict:
+    """Every output of ``got`` against the reference's with its check; the first failing check,
+    else the one closest to its limit (a quality warning first)."""
     verdicts = []
     for name in sample.outputs:
         check = case.checks[name]
@@ -130,7 +142,18 @@ def _padding(case: Case, sample: Sample, fn: Callable[..., Any], device: str) ->
     return _bitwise_same(first, second, "padding_invariance", "after changing ignored inputs")
 
 
-def _batch(case: Case, sample: Sample, fn: Callable[..., Any], device: str) -> Verdict:
+def _batch(
+    case: Case,
+    sample: Sample,
+    fn: Callable[..., Any],
+    reference: Callable[..., Any],
+    platform: str,
+    device: str,
+    relaxations: tuple[Relaxation, ...],
+) -> Verdict:
+    """Each row subset run alone must first match the reference on those rows (a wrong answer
+    at batch 1 is a wrong answer, FAIL whatever is claimed), then equal its rows of the full
+    batch bit for bit (metric ``batch_invariance``: FAIL only where the platform claims it)."""
     rows = sample.rows
     if rows is None or sample.inplace:
         return _suite_error("the batch check", ValueError(f"{case.case_id} has no row split"))
@@ -142,17 +165,36 @@ def _batch(case: Case, sample: Sample, fn: Callable[..., Any], device: str) -> V
         kwargs = _copy_args(sample.kwargs, "cpu")
         for arg, dim in rows.args.items():
             kwargs[arg] = kwargs[arg].narrow(dim, chosen[0], len(chosen)).clone()
-        part = _call_impl(fn, Sample(kwargs, sample.outputs, unpack=sample.unpack), device)
+        alone = Sample(kwargs, sample.outputs, unpack=sample.unpack)
+        part = _call_impl(fn, alone, device)
         if isinstance(part, Verdict):
-            return part
+            return _about_rows(part, chosen)
+        try:
+            ref_out = _call(reference, alone, _copy_args(kwargs, "cpu"))
+        except Exception as exc:
+            return _suite_error(f"running the reference on rows {_rows(chosen)}", exc)
+        accuracy = _compare(case, alone, part[0], ref_out, platform, relaxations)
+        if not accuracy.passed:
+            return _about_rows(accuracy, chosen)
         expected = {
             name: full[0][name].narrow(dim, chosen[0], len(chosen))
             for name, dim in rows.outputs.items()
         }
-        verdict = _bitwise_same((expected, full[1]), part, "batch_invariance", f"for rows {chosen}")
+        when = f"for rows {_rows(chosen)}"
+        verdict = _bitwise_same((expected, full[1]), part, BATCH_METRIC, when)
         if not verdict.passed:
             return verdict
-    return Verdict(True, "batch_invariance", 0.0, 0.0)
+    return Verdict(True, BATCH_METRIC, 0.0, 0.0)
+
+
+def _rows(chosen: list[int]) -> str:
+    return f"[{chosen[0]}]" if len(chosen) == 1 else f"[{chosen[0]}..{chosen[-1]}]"
+
+
+def _about_rows(verdict: Verdict, chosen: list[int]) -> Verdict:
+    """A failure of the rows run alone, saying which rows (batch of len(chosen))."""
+    where = f"rows {_rows(chosen)} run alone (batch {len(chosen)})"
+    return dataclasses.replace(verdict, reason=f"{where}: {verdict.reason}")
 
 
 def _row_subsets(count: int) -> list[list[int]]:

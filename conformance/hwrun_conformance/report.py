@@ -8,12 +8,17 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree as ET
 
+from rich import box
+from rich.markup import escape
 from rich.table import Table
 
-from hwrun_conformance.runner import Result, conformant
+from hwrun_conformance.metadata import describe
+from hwrun_conformance.result import Result
 from hwrun_conformance.status import Status
+from hwrun_conformance.verdict import CONFORMS, NOTHING_RUN, PlatformVerdict, platform_verdict
 
 STYLE = {
     Status.PASS: "green",
@@ -26,21 +31,34 @@ STYLE = {
 }
 
 
-def write_reports(results: list[Result], directory: Path, accept_known: bool = False) -> None:
+def write_reports(
+    results: list[Result],
+    directory: Path,
+    accept_known: bool = False,
+    metadata: dict[str, Any] | None = None,
+) -> None:
+    """results.jsonl, summary.md, junit.xml and (with ``metadata``) run.json into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / "results.jsonl").open("w") as handle:
         for result in results:
             handle.write(json.dumps(_row(result)) + "\n")
-    (directory / "summary.md").write_text(summary_markdown(results, accept_known))
-    ET.ElementTree(junit(results)).write(
+    (directory / "summary.md").write_text(summary_markdown(results, accept_known, metadata))
+    ET.ElementTree(junit(results, metadata)).write(
         directory / "junit.xml", encoding="utf-8", xml_declaration=True
     )
+    if metadata is not None:
+        (directory / "run.json").write_text(json.dumps(metadata, indent=2) + "\n")
+
+
+def verdicts(results: list[Result], accept_known: bool = False) -> list[PlatformVerdict]:
+    return [platform_verdict(results, p, accept_known) for p in platforms_of(results)]
 
 
 def _row(result: Result) -> dict:
     row = asdict(result)
     row["status"] = str(result.status)
     row["formats"] = list(result.formats)
+    row["refusals"] = [list(pair) for pair in result.refusals]
     if row["value"] is not None and not math.isfinite(row["value"]):
         row["value"] = str(row["value"])  # JSON has no inf/nan
     return row
@@ -62,7 +80,7 @@ SHORT = {
     Status.QUALITY_WARNING: "warn",
     Status.KNOWN_FAILURE: "known",
     Status.CRASH: "CRASH",
-    Status.TIMEOUT: "TIMEOUT",
+    Status.TIMEOUT: "T/O",
 }
 
 
@@ -86,21 +104,28 @@ _SEVERITY = (
 )
 
 
-def summary_markdown(results: list[Result], accept_known: bool = False) -> str:
+def summary_markdown(
+    results: list[Result], accept_known: bool = False, metadata: dict[str, Any] | None = None
+) -> str:
     platforms = platforms_of(results)
     grouped: dict[tuple[str, str], list[Result]] = defaultdict(list)
     for result in results:
         grouped[(result.op, result.platform)].append(result)
-    lines = ["# hwrun conformance", "", "| op | " + " | ".join(platforms) + " |"]
+    lines = ["# hwrun conformance", ""]
+    if metadata is not None:
+        lines += [*describe(metadata), ""]
+    lines.append("| op | " + " | ".join(platforms) + " |")
     lines.append("|---|" + "---|" * len(platforms))
     for op in ops_of(results):
         cells = [cell(grouped[(op, p)]) for p in platforms]
         lines.append(f"| `{op}` | " + " | ".join(cells) + " |")
-    verdicts = [
-        "conformant" if conformant(results, p, accept_known) else "**not conformant**"
-        for p in platforms
+    states = [
+        v.state if v.state in {CONFORMS, NOTHING_RUN} else f"**{v.state}**"
+        for v in verdicts(results, accept_known)
     ]
-    lines.append("| **verdict** | " + " | ".join(verdicts) + " |")
+    lines.append("| **verdict** | " + " | ".join(states) + " |")
+    lines += ["", "## Verdicts", ""]
+    lines += [f"- {_md(v.line())}" for v in verdicts(results, accept_known)]
     problems = [r for r in results if r.status not in {Status.PASS, Status.NOT_SUPPORTED}]
     if problems:
         lines += [
@@ -126,8 +151,13 @@ def summary_markdown(results: list[Result], accept_known: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def junit(results: list[Result]) -> ET.Element:
+def junit(results: list[Result], metadata: dict[str, Any] | None = None) -> ET.Element:
     root = ET.Element("testsuites", name="hwrun-conformance")
+    if metadata is not None:
+        properties = ET.SubElement(root, "properties")
+        for key, value in metadata.items():
+            text = value if isinstance(value, str) else json.dumps(value)
+            ET.SubElement(properties, "property", name=key, value=text)
     for platform in platforms_of(results):
         rows = [r for r in results if r.platform == platform]
         counts = Counter(r.status for r in rows)
@@ -162,26 +192,25 @@ def junit(results: list[Result]) -> ET.Element:
     return root
 
 
-def summary_table(results: list[Result], accept_known: bool = False) -> Table:
+def summary_table(results: list[Result]) -> Table:
+    """The op x platform matrix for an 80-column console: compact cells ("FAIL 2/14": the worst
+    status, how many rows have it, of how many), wrapped rather than cut. Verdicts are printed
+    as lines below it (:func:`verdicts`), where they have room."""
     platforms = platforms_of(results)
-    table = Table(title="hwrun conformance (n/s = not supported by the platform's own impls)")
-    table.add_column("op", no_wrap=True)
+    table = Table(
+        title="hwrun conformance (n/s = not supported, T/O = timeout)",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column("op", overflow="fold")
     for platform in platforms:
-        table.add_column(platform)
+        table.add_column(platform, overflow="fold")
     grouped: dict[tuple[str, str], list[Result]] = defaultdict(list)
     for result in results:
         grouped[(result.op, result.platform)].append(result)
     for op in ops_of(results):
         table.add_row(op, *[_styled(grouped[(op, p)]) for p in platforms])
-    table.add_row(
-        "verdict",
-        *[
-            "[green]conformant[/green]"
-            if conformant(results, p, accept_known)
-            else "[red]not conformant[/red]"
-            for p in platforms
-        ],
-    )
     return table
 
 
@@ -189,7 +218,19 @@ def _styled(results: list[Result]) -> str:
     if not results:
         return "-"
     worst = next(s for s in _SEVERITY if any(r.status == s for r in results))
-    return f"[{STYLE[worst]}]{cell(results, short=True)}[/{STYLE[worst]}]"
+    count = sum(r.status == worst for r in results)
+    text = f"{SHORT[worst]} {count}" + (f"/{len(results)}" if count < len(results) else "")
+    return f"[{STYLE[worst]}]{text}[/{STYLE[worst]}]"
+
+
+VERDICT_STYLE = {CONFORMS: "green", NOTHING_RUN: "yellow"}
+
+
+def verdict_line(verdict: PlatformVerdict) -> str:
+    """The console line of one platform's verdict (rich markup)."""
+    style = VERDICT_STYLE.get(verdict.state, "red")
+    rest = escape(verdict.line().removeprefix(f"{verdict.platform}: {verdict.state}"))
+    return f"{escape(verdict.platform)}: [{style}]{verdict.state}[/{style}]{rest}"
 
 
 def _md(text: str) -> str:

@@ -13,15 +13,17 @@ from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 
 from hwrun.ops.catalogue import catalogue
+from hwrun.platform import Capabilities
 from hwrun.plugins import PluginSet
 from hwrun.registry import OpImpl
 from hwrun.target import Target
 from hwrun_conformance.audit import audit
-from hwrun_conformance.case import BATCH, Case
-from hwrun_conformance.cases import all_cases, uncovered
+from hwrun_conformance.case import BATCH, BATCH_METRIC, Case
+from hwrun_conformance.cases import all_cases, fuzz_cases, uncovered
 from hwrun_conformance.known_failures import KNOWN_FAILURES, KnownFailure, find_known_failure
 from hwrun_conformance.result import UNCOVERED, Result, claims_batch_invariance
 from hwrun_conformance.status import BROKEN, CONFORMANT, DEFAULT_TIMEOUT_S, Status
+from hwrun_conformance.verdict import PLUGIN_OP
 from hwrun_conformance.worker import Reply, WorkerClient
 
 
@@ -51,19 +53,22 @@ class RunOptions:
     known_failures: tuple[KnownFailure, ...] = KNOWN_FAILURES
     accept_known_failures: bool = False
     device: str | None = None  # None: the platform's devices when present, else cpu
+    fuzz: int = 0  # > 0: this many random specs per op instead of the named cases
+    seed: int = 0  # the fuzz seed
 
 
 @dataclass
 class Plan:
     jobs: list[Job] = field(default_factory=list)
     decided: list[Result] = field(default_factory=list)  # NOT_SUPPORTED without running anything
+    target: Target | None = None  # where the platform's impls run
 
 
 def plan(plugins: PluginSet, platform: str, options: RunOptions) -> Plan:
     contracts = catalogue()
     registry = plugins.registry(platform)
     target = run_target(plugins, platform, options)
-    result = Plan()
+    result = Plan(target=target)
     for op in uncovered(contracts):
         if fnmatchcase(op, options.ops):
             reason = "the suite has no cases for this op yet (a gap in hwrun, not the platform)"
@@ -78,7 +83,10 @@ def plan(plugins: PluginSet, platform: str, options: RunOptions) -> Plan:
                     kind=UNCOVERED,
                 )
             )
-    for op, cases in all_cases(contracts).items():
+    selected = (
+        fuzz_cases(contracts, options.seed, options.fuzz) if options.fuzz else all_cases(contracts)
+    )
+    for op, cases in selected.items():
         if not fnmatchcase(op, options.ops):
             continue
         impls = registry.impls(op)
@@ -111,13 +119,25 @@ def run(
     options: RunOptions,
     on_result: Callable[[Result], None] | None = None,
     on_planned: Callable[[int], None] | None = None,
+    on_plans: Callable[[dict[str, Plan]], None] | None = None,
 ) -> list[Result]:
-    """Every case of every platform; ``on_planned`` gets the job count, ``on_result`` each row."""
+    """Every case of every platform; ``on_planned`` gets the job count, ``on_plans`` the plans
+    (the target of each platform), ``on_result`` each row. A platform whose hooks raise or
+    return the wrong type while it is planned or audited gets one FAIL row saying so (op
+    ``plugin``: its verdict is "broken") and the others still run."""
     worker = WorkerClient()
     worker.start()  # loads torch while the plans are made
-    plans = {platform: plan(plugins, platform, options) for platform in platforms}
+    plans: dict[str, Plan] = {}
+    faults: dict[str, Result] = {}
+    for platform in platforms:
+        try:
+            plans[platform] = plan(plugins, platform, options)
+        except Exception as exc:  # a plugin's hook or validator broke while planning
+            faults[platform] = plugin_fault(platform, "its cases were planned", exc)
     if on_planned:
-        on_planned(sum(len(p.jobs) + len(p.decided) for p in plans.values()))
+        on_planned(sum(len(p.jobs) + len(p.decided) for p in plans.values()) + len(faults))
+    if on_plans:
+        on_plans(plans)
     results: list[Result] = []
 
     def emit(result: Result) -> None:
@@ -126,21 +146,70 @@ def run(
             on_result(result)
 
     try:
-        for platform, platform_plan in plans.items():
-            claims = plugins.capabilities(platform, run_target(plugins, platform, options))
+        for platform in platforms:
+            if platform in faults:
+                emit(faults[platform])
+                continue
+            try:
+                claims = capabilities(plugins, platform, options)
+            except Exception as exc:
+                emit(plugin_fault(platform, "hwrun_capabilities was called", exc))
+                continue
             start = len(results)
-            for result in platform_plan.decided:
+            for result in plans[platform].decided:
                 emit(result)
-            for job in platform_plan.jobs:
+            for job in plans[platform].jobs:
                 reply = worker.run(job.request(), options.timeout)
                 claimed = claims_batch_invariance(claims.features, job.case.op)
                 emit(judge(job, reply, claimed, options.known_failures))
             platform_results = results[start:]
             for row in audit(plugins, platform, claims, platform_results, options.ops):
                 emit(row)
-    finally:
-        worker.close()
+    except BaseException:
+        worker.close(kill=True)  # interrupted: the case in flight is abandoned, not awaited
+        raise
+    worker.close()
     return results
+
+
+def capabilities(plugins: PluginSet, platform: str, options: RunOptions) -> Capabilities:
+    """The platform's claims on its target; a hook returning anything else raises TypeError."""
+    claims = plugins.capabilities(platform, run_target(plugins, platform, options))
+    if not isinstance(claims, Capabilities):
+        raise TypeError(
+            f"hwrun_capabilities returned {type(claims).__name__}, expected "
+            "hwrun.platform.Capabilities"
+        )
+    return claims
+
+
+def plugin_fault(platform: str, stage: str, exc: BaseException) -> Result:
+    """The one row of a platform whose plugin broke during the run: FAIL, op ``plugin``."""
+    return Result(
+        platform=platform,
+        op=PLUGIN_OP,
+        case="hooks",
+        status=Status.FAIL,
+        reason=f"the plugin raised while {stage}: {type(exc).__name__}: {exc}",
+        kind=PLUGIN_OP,
+    )
+
+
+def unusable_plugins(plugins: PluginSet) -> list[Result]:
+    """One FAIL row per plugin that did not load (broken or incompatible), with its reason, so
+    a run over every platform shows it instead of leaving it out."""
+    return [
+        Result(
+            platform=p.name,
+            op=PLUGIN_OP,
+            case="load",
+            status=Status.FAIL,
+            reason=f"{p.status}: {p.reason} ({p.origin}: {p.module})",
+            kind=PLUGIN_OP,
+        )
+        for p in plugins.plugins
+        if p.status != "loaded"
+    ]
 
 
 def conformant(results: list[Result], platform: str, accept_known_failures: bool = False) -> bool:
@@ -150,8 +219,9 @@ def conformant(results: list[Result], platform: str, accept_known_failures: bool
 
 def judge(job: Job, reply: Reply, batch_claimed: bool, known: tuple[KnownFailure, ...]) -> Result:
     """The final status of one job from the worker's reply: CRASH/TIMEOUT as they came, the
-    verdict's PASS/FAIL, a failed BATCH case not claimed -> NOT_SUPPORTED, a failed advisory
-    case or a pass above the quality target -> QUALITY_WARNING, a broken case with a
+    verdict's PASS/FAIL, a BATCH case whose rows alone are right but differ from the full
+    batch's bits, not claimed -> NOT_SUPPORTED (rows alone that are wrong stay FAIL), a failed
+    advisory case or a pass above the quality target -> QUALITY_WARNING, a broken case with a
     known-failure entry -> KNOWN_FAILURE."""
     case = job.case
     base = Result(
@@ -182,7 +252,8 @@ def judge(job: Job, reply: Reply, batch_claimed: bool, known: tuple[KnownFailure
             relaxation=verdict.get("relaxation"),
             status=Status.PASS if verdict.get("passed") else Status.FAIL,
         )
-        if result.status == Status.FAIL and case.kind == BATCH and not batch_claimed:
+        varies = result.metric == BATCH_METRIC  # right answers that differ with the batch
+        if result.status == Status.FAIL and case.kind == BATCH and varies and not batch_claimed:
             result = replace(
                 result,
                 status=Status.NOT_SUPPORTED,
@@ -220,6 +291,7 @@ def _not_supported(platform: str, case: Case, refusals: dict[str, list[str]]) ->
         kind=case.kind,
         about=case.about,
         formats=case.spec.formats,
+        refusals=tuple((impl, reason) for impl, reasons in refusals.items() for reason in reasons),
     )
 
 

@@ -116,11 +116,16 @@ class WorkerClient:
             reply = self._read(worker, timeout)
         return Reply(reply.kind, reply.verdict, reply.reason, time.monotonic() - started)
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """End the workers; ``kill`` also kills the active one at once (an interrupted run:
+        it may be in the middle of a case) instead of letting it finish and exit."""
         if self._spare is not None:
             self._spare.kill()  # it has no work; it may still be importing torch
         if self._active is not None:
-            self._stop(self._active)
+            if kill:
+                self._active.kill()
+            else:
+                self._stop(self._active)
         self._active = self._spare = None
 
     @staticmethod

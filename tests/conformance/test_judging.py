@@ -49,9 +49,14 @@ def test_advisory_failure_is_a_quality_warning_and_still_conformant() -> None:
 
 
 def test_batch_variance_fails_only_when_claimed() -> None:
-    assert judge(_job(kind=BATCH), FAILED, True, ()).status == Status.FAIL
-    unclaimed = judge(_job(kind=BATCH), FAILED, False, ())
+    varies = Reply(
+        "verdict", {"passed": False, "metric": "batch_invariance", "value": 3.0, "reason": "x"}
+    )
+    assert judge(_job(kind=BATCH), varies, True, ()).status == Status.FAIL
+    unclaimed = judge(_job(kind=BATCH), varies, False, ())
     assert unclaimed.status == Status.NOT_SUPPORTED and "not claimed" in unclaimed.reason
+    # Rows run alone that are wrong against the reference (or raise) fail, claimed or not.
+    assert judge(_job(kind=BATCH), FAILED, False, ()).status == Status.FAIL
     assert claims_batch_invariance(frozenset({"batch_invariant"}), "moe.route")
     assert claims_batch_invariance(frozenset({"batch_invariant:indexer.*"}), "indexer.topk")
     assert not claims_batch_invariance(frozenset({"batch_invariant:indexer.*"}), "moe.route")
@@ -101,7 +106,9 @@ def test_reports_hold_every_row(tmp_path: Path) -> None:
     ]
     summary = summary_markdown(rows)
     assert "| `attn.lse_combine` | FAIL 1 · PASS 1 | NOT_SUPPORTED 1 |" in summary
-    assert "**not conformant** | conformant |" in summary
+    assert "**not conformant** | nothing run here |" in summary
+    assert "- p: not conformant (2 run, 1 passed, 0 not supported)" in summary
+    assert "- q: nothing run here (0 run, 0 passed, 1 not supported): no impl of" in summary
 
 
 def test_quality_target_between_pass_and_fail() -> None:

@@ -18,6 +18,18 @@ from click.testing import CliRunner
 from hwrun.cli import cli
 
 PLUGIN_DIR = Path(__file__).parent / "plugins"
+TOPK_CASES = ("random", "relu_ties", "short_rows", "inf_nan", "batch1", "long_rows")
+LSE_CASES = ("dcp2_fp32", "dcp4_bf16_h10", "far_lses", "batch1", "rows_640")
+RAGGED_CASES = (
+    "bf16_h4_ties",
+    "fp8_h4_ties",
+    "fp8_h20",
+    "fp8_batch1",
+    "fp8_tiles",
+    "mxfp4_h4_ties",
+    "mxfp4_h20",
+    "mxfp4_tiles",
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +77,17 @@ def test_exit_code_is_one(wrong_run) -> None:
     assert code == 1, output
 
 
-def test_off_by_one_topk_fails_accuracy_but_is_still_padding_and_batch_invariant(wrong_run) -> None:
+def test_off_by_one_topk_fails_accuracy_and_its_rows_alone(wrong_run) -> None:
     _, by_case, _ = wrong_run
-    for name in ("random", "relu_ties", "short_rows", "inf_nan"):
+    for name in TOPK_CASES:
         row = by_case[("indexer.topk", name)]
         assert row["status"] == "FAIL", row
         assert row["metric"] == "indices:index_set"
         assert _status(by_case, "indexer.topk", f"{name}.padding") == "PASS"
-        assert _status(by_case, "indexer.topk", f"{name}.batch") == "PASS"
+        if name != "batch1":
+            # The rows run alone are checked against the reference first: wrong is FAIL.
+            batch = by_case[("indexer.topk", f"{name}.batch")]
+            assert batch["status"] == "FAIL" and "run alone (batch 1)" in batch["reason"], batch
 
 
 def test_raising_kernel_fails_with_its_exception(wrong_run) -> None:
@@ -84,18 +99,16 @@ def test_raising_kernel_fails_with_its_exception(wrong_run) -> None:
 
 def test_known_failure_entry_names_the_reason(wrong_run) -> None:
     _, by_case, _ = wrong_run
-    for name in ("bf16_h4_ties", "fp8_h4_ties", "fp8_h20", "mxfp4_h4_ties", "mxfp4_h20"):
+    for name in RAGGED_CASES:
         row = by_case[("indexer.logits_ragged", name)]
         assert row["status"] == "KNOWN_FAILURE", row
         assert row["reason"].startswith("scores doubled (tracking: hwrun#0)")
         assert "calc_diff" in row["reason"]
-    batch = by_case[("indexer.logits_ragged", "fp8_h4_ties.batch")]
-    assert batch["status"] == "PASS" and "known-failure entry matches" in batch["reason"]
 
 
 def test_log2_lse_fails_on_the_lse_output(wrong_run) -> None:
     _, by_case, _ = wrong_run
-    for name in ("dcp2_fp32", "dcp4_bf16_h10", "far_lses"):
+    for name in LSE_CASES:
         row = by_case[("attn.lse_combine", name)]
         assert row["status"] == "FAIL" and row["metric"].startswith("lse:"), row
         assert _status(by_case, "attn.lse_combine", f"{name}.padding") == "PASS"
@@ -133,7 +146,7 @@ def test_correct_op_passes_and_audit_reports_claims(wrong_run) -> None:
 
 def test_swapped_mxfp4_nibbles_fail_only_the_mxfp4_writes(wrong_run) -> None:
     _, by_case, _ = wrong_run
-    for name in ("small", "extreme"):
+    for name in ("small", "extreme", "batch1"):
         row = by_case[("kv.write_index_keys", f"mxfp4_{name}")]
         assert row["status"] == "FAIL" and row["metric"] == "cache:exact", row
         for fmt in ("bf16", "fp8"):
@@ -153,9 +166,11 @@ def test_exactly_the_broken_cases_do_not_pass(wrong_run) -> None:
         k: r["status"] for k, r in by_case.items() if r["status"] not in {"PASS", "NOT_SUPPORTED"}
     }
     expected = {
-        **{("indexer.topk", n): "FAIL" for n in ("random", "relu_ties", "short_rows", "inf_nan")},
-        **{("indexer.to_slots", n): "FAIL" for n in ("decode", "mtp", "explicit_rows")},
-        **{("attn.lse_combine", n): "FAIL" for n in ("dcp2_fp32", "dcp4_bf16_h10", "far_lses")},
+        **{("indexer.topk", n): "FAIL" for n in TOPK_CASES},
+        **{("indexer.topk", f"{n}.batch"): "FAIL" for n in TOPK_CASES if n != "batch1"},
+        **{("indexer.to_slots", n): "FAIL" for n in ("decode", "mtp", "explicit_rows", "batch1")},
+        **{("attn.lse_combine", n): "FAIL" for n in LSE_CASES},
+        **{("attn.lse_combine", f"{n}.batch"): "FAIL" for n in LSE_CASES if n != "batch1"},
         ("kda.step", "decode"): "TIMEOUT",
         ("kda.step", "decode.batch"): "TIMEOUT",
         ("moe.route", "no_tokens"): "CRASH",
@@ -163,16 +178,16 @@ def test_exactly_the_broken_cases_do_not_pass(wrong_run) -> None:
             ("moe.route", f"{n}.batch"): "FAIL"
             for n in ("softmax_top2", "deepseek_grouped", "bf16_no_renorm")
         },
-        ("kv.write_index_keys", "mxfp4_small"): "FAIL",
-        ("kv.write_index_keys", "mxfp4_extreme"): "FAIL",
+        **{("kv.write_index_keys", f"mxfp4_{n}"): "FAIL" for n in ("small", "extreme", "batch1")},
         **{
             ("kv.write_latent", f"{fmt}_{n}"): "FAIL"
             for fmt in ("bf16", "fp8_e4m3", "fp8_ds_mla", "nvfp4_ds_mla")
-            for n in ("small", "small.padding", "extreme")
+            for n in ("small", "small.padding", "extreme", "batch1")
         },
+        **{("indexer.logits_ragged", n): "KNOWN_FAILURE" for n in RAGGED_CASES},
         **{
-            ("indexer.logits_ragged", n): "KNOWN_FAILURE"
-            for n in ("bf16_h4_ties", "fp8_h4_ties", "fp8_h20", "mxfp4_h4_ties", "mxfp4_h20")
+            ("indexer.logits_ragged", f"{n}.batch"): "KNOWN_FAILURE"
+            for n in ("fp8_h4_ties", "fp8_h20", "fp8_tiles")
         },
         **{
             ("capabilities", item): "FAIL"
@@ -183,6 +198,8 @@ def test_exactly_the_broken_cases_do_not_pass(wrong_run) -> None:
                 "ops:indexer.nonexistent",
                 "batch_invariant:moe.route",
                 "batch_invariant:kda.step",  # claimed, and its batch case timed out
+                "batch_invariant:indexer.topk",  # claimed; its rows alone are wrong
+                "batch_invariant:attn.lse_combine",
             )
         },
     }

@@ -39,7 +39,7 @@ def test_reference_cases_pass_under_pytest(
         capsys, "--hwrun-platform", "reference", "--hwrun-ops", "attn.*", "--hwrun-quick"
     )
     assert code == 0, out
-    assert "10 passed" in out  # 9 attn.lse_combine cases + the capability audit
+    assert "15 passed" in out  # 14 attn.lse_combine cases + the capability audit
 
 
 def test_wrong_platform_fails_exactly_its_wrong_cases(
@@ -65,8 +65,9 @@ def test_wrong_platform_fails_exactly_its_wrong_cases(
         for line in out.splitlines()
         if line.startswith("FAILED")
     )
+    names = ("inf_nan", "random", "relu_ties", "short_rows", "long_rows")
     expected = [
         f"test_case[wrong:indexer.topk/{n}[broken]]"
-        for n in ("inf_nan", "random", "relu_ties", "short_rows")
+        for n in (*names, *(f"{n}.batch" for n in names), "batch1")
     ]
     assert failed == sorted([*expected, "test_capabilities[wrong]"]), out

@@ -7,12 +7,14 @@ LSE -inf, head counts that are not a multiple of 16, and LSEs far apart (one par
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
 
 from hwrun.registry import OpSpec
 from hwrun_conformance.case import Case, Check, RowSplit, Sample, variants
+from hwrun_conformance.cases import replayable
 
 OPS = ("attn.lse_combine",)
 
@@ -64,7 +66,7 @@ def _case(
         quick=quick,
         about=about,
     )
-    return variants(case, padding=True, batch=True)
+    return variants(case, padding=True, batch=tokens > 1)
 
 
 def cases(op: str) -> list[Case]:
@@ -77,4 +79,42 @@ def cases(op: str) -> list[Case]:
         *_case(
             "models", 304, 8, 4, 128, 512, torch.bfloat16, quick=False, about="W=8, 128 heads x 512"
         ),
+        *_case("batch1", 305, 2, 1, 16, 512, torch.bfloat16, about="one token (decode at batch 1)"),
+        *_case(
+            "rows_640",
+            306,
+            2,
+            40,
+            16,
+            512,
+            torch.float32,
+            about="640 rows of 512: several programs on every path",
+        ),
+        *_case(
+            "rows_4400",
+            307,
+            3,
+            1100,
+            4,
+            64,
+            torch.bfloat16,
+            quick=False,
+            about="a large batch: 4400 rows, the many-rows-per-program path",
+        ),
     ]
+
+
+def fuzz(op: str, rng: random.Random, name: str, seed: int) -> Case:
+    """One random LSE combine: any number of parts, rows, heads, head dim, dtype, LSE spread;
+    empty parts (-inf, NaN outputs) everywhere."""
+    params = {
+        "parts": rng.choice((1, 2, 3, 4, 8)),
+        "tokens": rng.choice((1, 2, 7, 40, 300)),
+        "heads": rng.choice((1, 4, 10, 16, 64, 128)),
+        "dim": rng.choice((32, 64, 128, 512)),
+        "dtype": rng.choice((torch.float32, torch.bfloat16)),
+        "spread": rng.choice((2.0, 40.0)),
+    }
+    per_token = params["parts"] * params["heads"] * params["dim"]
+    params["tokens"] = max(1, min(params["tokens"], 4_000_000 // per_token))  # <= ~16 MB
+    return _case(name, seed, about=replayable("*_case", name, seed, **params), **params)[0]

@@ -9,12 +9,14 @@ block-table entries past a context (paged padding), contexts shorter than a bloc
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
 
 from hwrun.registry import OpSpec
 from hwrun_conformance.case import Case, Check, RowSplit, Sample, variants
+from hwrun_conformance.cases import replayable
 
 OPS = ("indexer.logits_ragged", "indexer.logits_paged")
 D = 128
@@ -37,7 +39,10 @@ def _ragged_sample(g, fmt, rows, heads, keys, q_dtype) -> Sample:
     # Causal prefill: row i sees keys [ks, ke) of its sequence; row 0 sees none.
     ks = torch.randint(0, keys // 2, (rows,), generator=g)
     ke = torch.minimum(ks + torch.randint(0, keys, (rows,), generator=g), torch.tensor(keys))
-    ke[0] = ks[0]
+    if rows > 1:
+        ke[0] = ks[0]
+    else:
+        ks[0], ke[0] = 0, keys  # batch 1: the one row sees every key (every key tile)
     return Sample(
         kwargs={
             "q": _query(g, (rows, heads, D), q_dtype),
@@ -53,13 +58,22 @@ def _ragged_sample(g, fmt, rows, heads, keys, q_dtype) -> Sample:
     )
 
 
-def _paged_sample(g, fmt, batch, next_n, heads, block_size, max_blocks, q_dtype) -> Sample:
+def _paged_sample(
+    g, fmt, batch, next_n, heads, block_size, max_blocks, q_dtype, partial=False
+) -> Sample:
     from hwrun.formats.index_keys import get_index_key_format
 
     key_format = get_index_key_format(fmt)
     num_blocks = batch * max_blocks + 2
     lengths = torch.randint(next_n, max_blocks * block_size + 1, (batch,), generator=g)
-    lengths[0] = next_n  # a context shorter than a block
+    if partial:
+        # Every context ends inside its last block, at least one block in.
+        lengths = torch.randint(block_size, max_blocks * block_size, (batch,), generator=g)
+        full = lengths % block_size == 0
+        lengths[full] -= torch.randint(1, block_size, (int(full.sum()),), generator=g)
+        lengths[-1] = max_blocks * block_size - 1  # every block, the last one partial
+    elif batch > 1:
+        lengths[0] = next_n  # a context shorter than a block
     table = torch.randperm(num_blocks, generator=g)[: batch * max_blocks].reshape(batch, -1)
     for b in range(batch):
         table[b, -(-int(lengths[b]) // block_size) :] = -1  # unallocated past the context
@@ -115,7 +129,18 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _ragged(fmt, name, seed, rows, heads, keys, q_dtype=torch.bfloat16, quick=True, about=""):
+def _ragged(
+    fmt,
+    name,
+    seed,
+    rows,
+    heads,
+    keys,
+    q_dtype=torch.bfloat16,
+    quick=True,
+    about="",
+    quick_siblings=None,
+):
     op = "indexer.logits_ragged"
     case = Case(
         op=op,
@@ -127,7 +152,8 @@ def _ragged(fmt, name, seed, rows, heads, keys, q_dtype=torch.bfloat16, quick=Tr
         quick=quick,
         about=about,
     )
-    return variants(case, batch=True, quick_siblings=fmt == "fp8")
+    siblings = fmt == "fp8" if quick_siblings is None else quick_siblings
+    return variants(case, batch=rows > 1, quick_siblings=siblings)
 
 
 def _paged(
@@ -142,6 +168,8 @@ def _paged(
     q_dtype=torch.bfloat16,
     quick=True,
     about="",
+    partial=False,
+    quick_siblings=None,
 ):
     op = "indexer.logits_paged"
     case = Case(
@@ -156,14 +184,15 @@ def _paged(
             block_size=block_size,
         ),
         build=lambda g: _paged_sample(
-            g, fmt, batch, next_n, heads, block_size, max_blocks, q_dtype
+            g, fmt, batch, next_n, heads, block_size, max_blocks, q_dtype, partial
         ),
         checks={"logits": Check("logits")},
         seed=seed,
         quick=quick,
         about=about,
     )
-    return variants(case, padding=True, batch=next_n == 1, quick_siblings=fmt == "fp8")
+    siblings = fmt == "fp8" if quick_siblings is None else quick_siblings
+    return variants(case, padding=True, batch=next_n == 1 and batch > 1, quick_siblings=siblings)
 
 
 def cases(op: str) -> list[Case]:
@@ -192,6 +221,37 @@ def cases(op: str) -> list[Case]:
                 torch.float8_e4m3fn,
                 quick=False,
                 about="fp8 query codes, the models' 64 heads",
+            )
+            out += _ragged(
+                fmt,
+                "batch1",
+                seed + 3,
+                1,
+                8,
+                300,
+                quick=fmt == "fp8",
+                about="one query row over five 64-key tiles",
+            )
+            out += _ragged(
+                fmt,
+                "tiles",
+                seed + 4,
+                9,
+                8,
+                200,
+                quick=fmt != "bf16",
+                about="rows over three 4-row programs, keys over four 64-key tiles",
+            )
+            out += _ragged(
+                fmt,
+                "rows_1100",
+                seed + 5,
+                1100,
+                4,
+                150,
+                quick=False,
+                quick_siblings=False,
+                about="a large batch: rows past 1000",
             )
         else:
             out += _paged(
@@ -222,4 +282,81 @@ def cases(op: str) -> list[Case]:
                 quick=False,
                 about="the models' shape, fp8 query codes",
             )
+            out += _paged(
+                fmt,
+                "batch1_blocks20",
+                seed + 13,
+                1,
+                1,
+                8,
+                16,
+                20,
+                partial=True,
+                quick=fmt == "fp8",
+                about="one request over 20 blocks, the last one partial: several programs",
+            )
+            out += _paged(
+                fmt,
+                "partial_blocks",
+                seed + 14,
+                4,
+                1,
+                8,
+                16,
+                9,
+                partial=True,
+                quick=fmt != "bf16",
+                quick_siblings=False,
+                about="every context ends inside its last block",
+            )
+            out += _paged(
+                fmt,
+                "block64_long",
+                seed + 15,
+                4,
+                1,
+                32,
+                64,
+                48,
+                partial=True,
+                quick=False,
+                about="contexts up to 3072 tokens over 48 blocks of 64, partial last blocks",
+            )
+            out += _paged(
+                fmt,
+                "requests_300",
+                seed + 16,
+                300,
+                1,
+                4,
+                16,
+                3,
+                quick=False,
+                quick_siblings=False,
+                about="a large batch of requests",
+            )
     return out
+
+
+def fuzz(op: str, rng: random.Random, name: str, seed: int) -> Case:
+    """One random indexer-logits case: any key format, head count, row and key count, query
+    dtype; paged: any batch, next_n, block size, context (partial last blocks included)."""
+    fmt = rng.choice(("bf16", "fp8", "mxfp4"))
+    common = {
+        "heads": rng.choice((1, 4, 8, 16, 20, 32, 64)),
+        "q_dtype": rng.choice((torch.bfloat16, torch.float8_e4m3fn)),
+    }
+    if op == "indexer.logits_ragged":
+        params = {"rows": rng.choice((1, 2, 5, 9, 40)), "keys": rng.randint(2, 600), **common}
+        about = replayable("*_ragged", fmt, name, seed, **params)
+        return _ragged(fmt, name, seed, about=about, **params)[0]
+    params = {
+        "batch": rng.choice((1, 2, 3, 8, 20)),
+        "next_n": rng.choice((1, 1, 2, 3)),
+        "block_size": rng.choice((16, 64)),
+        "max_blocks": rng.randint(2, 40),
+        "partial": rng.random() < 0.5,
+        **common,
+    }
+    about = replayable("*_paged", fmt, name, seed, **params)
+    return _paged(fmt, name, seed, about=about, **params)[0]

@@ -7,11 +7,14 @@ chunk, grouped value heads (HV = 2 H), heads not a multiple of 16, bf16 activati
 
 from __future__ import annotations
 
+import random
+
 import torch
 import torch.nn.functional as F
 
 from hwrun.registry import OpSpec
 from hwrun_conformance.case import Case, Check, RowSplit, Sample, variants
+from hwrun_conformance.cases import replayable
 
 OPS = ("kda.step", "kda.chunk")
 
@@ -99,6 +102,7 @@ def cases(op: str) -> list[Case]:
             *_case(
                 op, "k128", 504, 2, 8, 4, 8, 128, 128, quick=False, about="the models' K = V = 128"
             ),
+            *_case(op, "batch1", 505, 1, 2, 4, 4, 32, 32, about="one sequence"),
         ]
     return [
         *_case(
@@ -144,4 +148,40 @@ def cases(op: str) -> list[Case]:
         *_case(
             op, "k128", 514, 2, 130, 2, 4, 128, 128, quick=False, about="the models' K = V = 128"
         ),
+        *_case(
+            op, "batch1", 515, 1, 40, 2, 2, 16, 16, chunk_size=16, about="one sequence, 3 chunks"
+        ),
+        *_case(
+            op,
+            "long_520",
+            516,
+            2,
+            520,
+            2,
+            2,
+            32,
+            32,
+            chunk_size=64,
+            quick=False,
+            about="T = 520: nine chunks, the state carried across all of them",
+        ),
     ]
+
+
+def fuzz(op: str, rng: random.Random, name: str, seed: int) -> Case:
+    """One random KDA case: any batch, length, head grouping, head dims, dtype, with or without
+    an initial state; chunked: any chunk size, lengths not a multiple of it."""
+    heads = rng.choice((1, 2, 4, 6))
+    params = {
+        "b": rng.choice((1, 2, 3)),
+        "t": rng.randint(1, 4) if op == "kda.step" else rng.randint(1, 150),
+        "h": heads,
+        "hv": heads * rng.choice((1, 2)),
+        "dk": rng.choice((16, 32, 64)),
+        "dv": rng.choice((8, 16, 32)),
+        "dtype": rng.choice((torch.float32, torch.bfloat16)),
+        "with_state": rng.random() < 0.7,
+    }
+    if op == "kda.chunk":
+        params["chunk_size"] = rng.choice((8, 16, 64))
+    return _case(op, name, seed, about=replayable("*_case", op, name, seed, **params), **params)[0]

@@ -8,12 +8,14 @@ the blocks must not change. Slots hold -1 padding; the tokens behind it may hold
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
 
 from hwrun.registry import OpSpec
 from hwrun_conformance.case import Case, Check, Sample, variants
+from hwrun_conformance.cases import replayable
 
 OPS = ("kv.write_latent", "kv.write_index_keys")
 
@@ -29,7 +31,8 @@ def _strided_cache(g: torch.Generator, num_blocks: int, block_bytes: int) -> tor
 
 def _slots(g: torch.Generator, tokens: int, capacity: int) -> torch.Tensor:
     slots = torch.randperm(capacity, generator=g)[:tokens]
-    slots[torch.rand(tokens, generator=g) < 0.25] = -1  # vLLM's padding tokens
+    if tokens > 1:
+        slots[torch.rand(tokens, generator=g) < 0.25] = -1  # vLLM's padding tokens
     return slots.to(torch.int32)
 
 
@@ -137,4 +140,33 @@ def cases(op: str) -> list[Case]:
         out += _case(
             op, fmt, "block64", seed + 2, 150, 5, 64, quick=False, about="the models' block size"
         )
+        out += _case(op, fmt, "batch1", seed + 3, 1, 2, 16, about="one token")
+        out += _case(
+            op,
+            fmt,
+            "tokens_1000",
+            seed + 4,
+            1000,
+            80,
+            16,
+            quick=False,
+            about="a long prefill: 1000 tokens over 80 blocks",
+        )
     return out
+
+
+def fuzz(op: str, rng: random.Random, name: str, seed: int) -> Case:
+    """One random cache write: any format, token count, block count and size, -1 padding,
+    saturating and subnormal rows."""
+    formats = LATENT_ROW_BYTES if op == "kv.write_latent" else INDEX_KEY_BYTES
+    fmt = rng.choice(sorted(formats))
+    tokens = rng.choice((1, 4, 9, 64, 333, 1000))
+    block_size = rng.choice((1, 16, 64))
+    params = {
+        "tokens": tokens,
+        "num_blocks": -(-tokens // block_size) + rng.randint(0, 4),
+        "block_size": block_size,
+        "extreme": tokens >= 4 and rng.random() < 0.4,
+    }
+    about = replayable("*_case", op, fmt, name, seed, **params)
+    return _case(op, fmt, name, seed, about=about, **params)[0]

@@ -9,10 +9,13 @@ contract); requant compares the MXFP4 bytes and scales exactly.
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from hwrun.registry import OpSpec
 from hwrun_conformance.case import Case, Check, RowSplit, Sample, variants
+from hwrun_conformance.cases import replayable
 
 OPS = ("moe.route", "moe.experts", "moe.requant")
 
@@ -144,6 +147,17 @@ def cases(op: str) -> list[Case]:
             *_experts("int4_g128", "bf16", 416, quick=False, about="W4A16 (PPU)"),
             *_experts("fp8_block128_ue8m0", "bf16", 417, quick=False, about="ue8m0 block scales"),
             *_experts("mxfp4", "bf16", 418, tokens=0, about="no tokens"),
+            *_experts("bf16", "bf16", 419, tokens=1, experts=8, k=4, about="one token"),
+            *_experts(
+                "mxfp4",
+                "a8w4",
+                420,
+                tokens=300,
+                experts=16,
+                k=4,
+                quick=False,
+                about="a large batch: ~75 tokens per expert",
+            ),
         ]
     if op == "moe.requant":
         return [
@@ -191,6 +205,32 @@ def cases(op: str) -> list[Case]:
         ),
         *_route("no_tokens", 404, 0, 16, top_k=2, about="T = 0 gives empty outputs"),
         *_route(
+            "batch1_grouped",
+            406,
+            1,
+            64,
+            top_k=8,
+            scoring="sigmoid",
+            n_group=8,
+            topk_group=4,
+            e_score_correction_bias=True,
+            about="one token, grouped sigmoid routing",
+        ),
+        *_route(
+            "tokens_4096",
+            407,
+            4096,
+            256,
+            top_k=8,
+            scoring="sigmoid",
+            n_group=8,
+            topk_group=4,
+            e_score_correction_bias=True,
+            routed_scaling_factor=2.5,
+            quick=False,
+            about="a large batch with DeepSeek-V3.2's router",
+        ),
+        *_route(
             "deepseek_256",
             405,
             64,
@@ -205,3 +245,57 @@ def cases(op: str) -> list[Case]:
             about="DeepSeek-V3.2's router shape",
         ),
     ]
+
+
+def fuzz(op: str, rng: random.Random, name: str, seed: int) -> Case:
+    """One random MoE case: routing with any expert count, top-k, scoring and grouping; experts
+    in any weight format and activation mode; requant of any expert stack shape."""
+    if op == "moe.route":
+        experts = rng.choice((8, 16, 64, 256))
+        options: dict = {"scoring": rng.choice(("softmax", "sigmoid"))}
+        if rng.random() < 0.5:
+            n_group = rng.choice([g for g in (2, 4, 8) if experts % g == 0])
+            options["n_group"] = n_group
+            options["topk_group"] = rng.randint(1, n_group)
+            eligible = options["topk_group"] * (experts // n_group)
+        else:
+            eligible = experts
+        options["top_k"] = rng.randint(1, min(eligible, 8))
+        if rng.random() < 0.5:
+            options["e_score_correction_bias"] = True
+        options["renormalize"] = rng.random() < 0.7
+        options["routed_scaling_factor"] = rng.choice((1.0, 2.5))
+        dtype = rng.choice((torch.float32, torch.bfloat16))
+        tokens = rng.choice((0, 1, 3, 64, 500))
+        about = replayable("*_route", name, seed, tokens, experts, dtype, **options)
+        return _route(name, seed, tokens, experts, dtype, about=about, **options)[0]
+    if op == "moe.experts":
+        fmt, mode = rng.choice(_EXPERT_FORMATS)
+        experts = rng.choice((1, 2, 4, 8))
+        params = {
+            "tokens": rng.choice((0, 1, 5, 40)),
+            "experts": experts,
+            "hidden": rng.choice((128, 256)),
+            "inter": 128,
+            "k": rng.randint(1, experts),
+            "shared": rng.random() < 0.3,
+        }
+        about = replayable("*_experts", fmt, mode, seed, **params)
+        return _experts(fmt, mode, seed, about=about, **params)[0]
+    source = rng.choice(("fp8_block128", "fp8_block128_ue8m0"))
+    shape = (rng.randint(1, 4), rng.randint(1, 300), 32 * rng.randint(1, 10))  # C: MX groups of 32
+    about = replayable("_requant", source, name, seed, shape)
+    return _requant(source, name, seed, shape, about=about)
+
+
+# (weight format, activation mode) pairs the named cases use.
+_EXPERT_FORMATS = (
+    ("bf16", "bf16"),
+    ("mxfp4", "a8w4"),
+    ("mxfp4", "a4w4"),
+    ("mxfp4", "bf16"),
+    ("fp8_block128", "bf16"),
+    ("fp8_block128_ue8m0", "bf16"),
+    ("nvfp4", "bf16"),
+    ("int4_g128", "bf16"),
+)

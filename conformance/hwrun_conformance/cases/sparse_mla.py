@@ -8,12 +8,14 @@ past ``topk_length`` may hold anything.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
 
 from hwrun.registry import OpSpec
 from hwrun_conformance.case import Case, Check, RowSplit, Sample, variants
+from hwrun_conformance.cases import replayable
 
 OPS = ("sparse_mla.decode", "sparse_mla.prefill")
 QK, V = 576, 512
@@ -23,7 +25,8 @@ SCALE = QK**-0.5
 def _indices(g: torch.Generator, rows: int, k: int, limit: int, with_length: bool):
     idx = torch.stack([torch.randperm(limit, generator=g)[:k] for _ in range(rows)])
     idx[torch.rand(rows, k, generator=g) < 0.3] = -1  # padding anywhere
-    idx[0] = -1  # an empty row
+    if rows > 1:
+        idx[0] = -1  # an empty row
     length = torch.randint(1, k + 1, (rows,), generator=g) if with_length else None
     return idx.to(torch.int32), None if length is None else length.to(torch.int32)
 
@@ -32,11 +35,12 @@ def _sink(g: torch.Generator, heads: int, with_sink: bool) -> torch.Tensor | Non
     return torch.randn(heads, generator=g) if with_sink else None
 
 
-def _decode_sample(g, fmt, batch, next_n, heads, k, block_size, with_length, with_sink) -> Sample:
+def _decode_sample(
+    g, fmt, batch, next_n, heads, k, block_size, with_length, with_sink, num_blocks
+) -> Sample:
     from hwrun.formats.latent import get_latent_format
 
     latent = get_latent_format(fmt)
-    num_blocks = 6
     tokens = num_blocks * block_size
     scale = 0.05 if fmt == "fp8_e4m3" else None
     rows = latent.encode(
@@ -141,6 +145,7 @@ def _decode(
     with_sink=False,
     quick=True,
     about="",
+    num_blocks=6,
 ) -> list[Case]:
     op = "sparse_mla.decode"
     case = Case(
@@ -156,14 +161,16 @@ def _decode(
             topk=k,
         ),
         build=lambda g: _decode_sample(
-            g, fmt, batch, next_n, heads, k, block_size, with_length, with_sink
+            g, fmt, batch, next_n, heads, k, block_size, with_length, with_sink, num_blocks
         ),
         checks=_CHECKS,
         seed=seed,
         quick=quick,
         about=about,
     )
-    return variants(case, padding=True, batch=True, quick_siblings=fmt == "fp8_ds_mla")
+    return variants(
+        case, padding=True, batch=batch * next_n > 1, quick_siblings=fmt == "fp8_ds_mla"
+    )
 
 
 def _prefill(
@@ -189,7 +196,7 @@ def _prefill(
         quick=quick,
         about=about,
     )
-    return variants(case, padding=True, batch=True)
+    return variants(case, padding=True, batch=tokens > 1)
 
 
 def cases(op: str) -> list[Case]:
@@ -208,6 +215,18 @@ def cases(op: str) -> list[Case]:
                 about="heads not a multiple of 16, topk_length, attention sink",
             ),
             *_prefill("h128_k512", 953, 3, 128, 512, 1024, quick=False, about="128 heads, k 512"),
+            *_prefill("batch1", 954, 1, 16, 64, 256, about="one token"),
+            *_prefill(
+                "tokens_64_k1024",
+                955,
+                64,
+                16,
+                1024,
+                2048,
+                with_length=True,
+                quick=False,
+                about="a prefill chunk of 64 tokens, k = 1024 over a 2048-row workspace",
+            ),
         ]
     out: list[Case] = []
     for i, fmt in enumerate(("bf16", "fp8_e4m3", "fp8_ds_mla", "nvfp4_ds_mla")):
@@ -238,4 +257,74 @@ def cases(op: str) -> list[Case]:
             quick=False,
             about="the models' 128 heads, block 64",
         )
+        out += _decode(
+            fmt,
+            "batch1_k512",
+            seed + 3,
+            1,
+            1,
+            16,
+            512,
+            block_size=64,
+            num_blocks=12,
+            quick=fmt == "fp8_ds_mla",
+            about="batch 1, top-k over 12 blocks of 64: split over several programs",
+        )
+        out += _decode(
+            fmt,
+            "k2048_h64",
+            seed + 4,
+            2,
+            1,
+            64,
+            2048,
+            block_size=64,
+            num_blocks=48,
+            with_length=True,
+            quick=False,
+            about="k = 2048 spanning 48 blocks of 64, topk_length",
+        )
+        out += _decode(
+            fmt,
+            "batch64",
+            seed + 5,
+            64,
+            1,
+            16,
+            32,
+            num_blocks=16,
+            quick=False,
+            about="a large decode batch",
+        )
     return out
+
+
+def fuzz(op: str, rng: random.Random, name: str, seed: int) -> Case:
+    """One random sparse-MLA case: any latent format, batch, next_n, head count, top-k over
+    any number of blocks, -1 padding, topk_length, attention sink."""
+    heads = rng.choice((1, 8, 10, 16, 32, 64, 128))
+    k = rng.choice((1, 7, 16, 64, 256, 512, 2048))
+    flags = {"with_length": rng.random() < 0.5, "with_sink": rng.random() < 0.3}
+    if op == "sparse_mla.prefill":
+        params = {
+            "tokens": rng.choice((1, 3, 17)),
+            "heads": heads,
+            "k": k,
+            "workspace": k + rng.randint(0, 512),
+            **flags,
+        }
+        about = replayable("*_prefill", name, seed, **params)
+        return _prefill(name, seed, about=about, **params)[0]
+    fmt = rng.choice(("bf16", "fp8_e4m3", "fp8_ds_mla", "nvfp4_ds_mla"))
+    block_size = rng.choice((16, 64))
+    params = {
+        "batch": rng.choice((1, 2, 5)),
+        "next_n": rng.choice((1, 1, 2)),
+        "heads": heads,
+        "k": k,
+        "block_size": block_size,
+        "num_blocks": -(-k // block_size) + rng.randint(0, 8),
+        **flags,
+    }
+    about = replayable("*_decode", fmt, name, seed, **params)
+    return _decode(fmt, name, seed, about=about, **params)[0]
