@@ -64,6 +64,13 @@ class OpImpl:
     validate: Callable[[OpSpec], list[str]] = _no_reasons
     priority: int = 0  # higher wins among valid impls
     description: str = ""
+    # (optional, defaults to False) Safe to capture in a CUDA graph: no host synchronisation
+    # (no .item(), .tolist(), data-dependent shapes) and no allocation whose size depends on
+    # the data. The engine captures a decode step only when every impl it calls says so.
+    graph_safe: bool = False
+    # (optional, defaults to False) A row's result never depends on the rest of the batch (same
+    # bits alone or batched); the engine's --batch-invariant mode uses only such impls.
+    batch_invariant: bool = False
 
 
 @dataclass(frozen=True)

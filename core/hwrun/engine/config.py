@@ -34,6 +34,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes
     enable_prefix_caching: bool = True
     batch_invariant: bool = False
+    cuda_graphs: bool = True  # capture decode steps per batch bucket (CUDA, graph-safe ops only)
     allow_fallback: bool = True  # an op the platform cannot serve may run on the reference
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False, hash=False)

@@ -17,6 +17,7 @@ import torch
 from hwrun import knobs
 from hwrun.engine.batch import ChunkLogits, ScheduledChunk
 from hwrun.engine.config import EngineConfig
+from hwrun.engine.cuda_graphs import DecodeGraphs, graph_blockers
 from hwrun.engine.model import DecodeRows, DeepseekV32, PrefillRows, StepMetadata
 from hwrun.engine.model_config import ModelConfig, load_model_config
 from hwrun.engine.op_table import (
@@ -55,8 +56,11 @@ class ModelRunner:
         ops: OpTable,
         platform: str,
         max_model_len: int,
+        graphs: DecodeGraphs | None = None,
+        graphs_status: str = "off",
     ):
         self.model, self.pool, self.model_config = model, pool, model_config
+        self.graphs, self.cuda_graphs_status = graphs, graphs_status
         self.ops, self.platform = ops, platform
         self.block_size = pool.layout.block_size
         self.num_blocks = pool.num_blocks
@@ -74,12 +78,31 @@ class ModelRunner:
         """Compute ``chunks`` (KV written to their blocks); logits where each chunk asks."""
         if not chunks:
             return []
+        if self.graphs is not None and self._replayable(chunks):
+            return self._replay(chunks)
         meta, spans = self._metadata(chunks)
         logits = self.model.forward(meta)
         return [
             ChunkLogits(chunk.seq_id, None if span is None else logits[span[0] : span[1]])
             for chunk, span in zip(chunks, spans, strict=True)
         ]
+
+    def _replayable(self, chunks: list[ScheduledChunk]) -> bool:
+        return self.graphs.fits(len(chunks)) and all(
+            len(c.token_ids) == 1 and c.start > 0 and not c.all_logits for c in chunks
+        )
+
+    def _replay(self, chunks: list[ScheduledChunk]) -> list[ChunkLogits]:
+        for chunk in chunks:
+            self._check(chunk)
+        bs = self.block_size
+        logits = self.graphs.run(
+            [c.token_ids[0] for c in chunks],
+            [c.start for c in chunks],
+            [c.block_table[c.start // bs] * bs + c.start % bs for c in chunks],
+            [c.block_table[: -(-c.end // bs)] for c in chunks],
+        )
+        return [ChunkLogits(c.seq_id, logits[i : i + 1]) for i, c in enumerate(chunks)]
 
     def _metadata(
         self, chunks: list[ScheduledChunk]
@@ -229,12 +252,35 @@ def build_model_runner(config: EngineConfig, plugins: PluginSet | None = None) -
         specs,
         allow_fallback=config.allow_fallback and knobs.reference_fallback(),
         what=f"{model_dir.name} on platform {platform!r}",
+        batch_invariant=config.batch_invariant,
     )
     pool = KVPool(layout, num_blocks, allocate_cache(layout, num_blocks, device))
     model = DeepseekV32(
         model_config, weights, ops, formats, layout, pool.cache, config.batch_invariant
     )
-    return ModelRunner(model, pool, model_config, ops, platform, max_model_len)
+    graphs, status = _decode_graphs(config, model, ops, device, max_model_len, layout.block_size)
+    return ModelRunner(model, pool, model_config, ops, platform, max_model_len, graphs, status)
+
+
+def _decode_graphs(
+    config: EngineConfig,
+    model: DeepseekV32,
+    ops: OpTable,
+    device: torch.device,
+    max_model_len: int,
+    block_size: int,
+) -> tuple[DecodeGraphs | None, str]:
+    """Capture the decode graphs when asked, on CUDA, with graph-safe ops; else say why not."""
+    if not config.cuda_graphs:
+        return None, "off (--no-cuda-graphs)"
+    if device.type != "cuda":
+        return None, f"off (the model runs on {device.type!r}, not CUDA)"
+    blockers = graph_blockers(ops)
+    if blockers:
+        return None, "off: " + "; ".join(blockers)
+    graphs = DecodeGraphs(model, config.max_num_seqs, max_model_len, block_size)
+    graphs.capture()
+    return graphs, f"on: decode batch buckets {graphs.buckets}"
 
 
 def pool_summary(runner: ModelRunner) -> str:

@@ -107,23 +107,44 @@ class OpTable:
             for op, s in self._selections.items()
         ]
 
+    def graph_safe(self, op: str) -> bool:
+        return self._selections[op].impl.graph_safe
+
     @property
     def num_fallbacks(self) -> int:
         return sum(s.fallback for s in self._selections.values())
 
 
 def resolve_ops(
-    registry: OpRegistry, specs: list[OpSpec], allow_fallback: bool, what: str
+    registry: OpRegistry,
+    specs: list[OpSpec],
+    allow_fallback: bool,
+    what: str,
+    batch_invariant: bool = False,
 ) -> OpTable:
-    """Select every op; raise EngineStartupError with every op's reasons when any is unserved."""
+    """Select every op; raise EngineStartupError with every op's reasons when any is unserved.
+
+    With ``batch_invariant``, an op whose best impl is not batch-invariant runs on the
+    platform's fallback (the reference, which is), reported as a fallback.
+    """
     selections: dict[str, Selection] = {}
     reasons: list[str] = []
     for spec in specs:
         try:
-            selections[spec.op] = registry.select(spec, allow_fallback=allow_fallback)
+            selection = registry.select(spec, allow_fallback=allow_fallback)
         except UnsupportedError as err:
             detail = "; ".join(f"{impl}: {', '.join(r)}" for impl, r in err.reasons.items())
             reasons.append(f"{spec.op}: nothing can serve it ({detail or err})")
+            continue
+        if batch_invariant and not selection.impl.batch_invariant:
+            selection = _batch_invariant_fallback(registry, spec, selection, allow_fallback)
+            if selection is None:
+                reasons.append(
+                    f"{spec.op}: --batch-invariant needs a batch-invariant impl; "
+                    f"{registry.platform}'s is not and the reference fallback is off"
+                )
+                continue
+        selections[spec.op] = selection
     if reasons:
         if not allow_fallback:
             reasons.append(
@@ -132,3 +153,15 @@ def resolve_ops(
             )
         raise EngineStartupError(f"{what} cannot start", reasons)
     return OpTable(selections)
+
+
+def _batch_invariant_fallback(
+    registry: OpRegistry, spec: OpSpec, chosen: Selection, allow_fallback: bool
+) -> Selection | None:
+    if not allow_fallback or registry.fallback is None:
+        return None
+    inner = registry.fallback.select(spec, allow_fallback=False)
+    if not inner.impl.batch_invariant:
+        return None
+    rejected = {**chosen.rejected, chosen.impl.name: ["not batch-invariant (--batch-invariant)"]}
+    return Selection(inner.impl, fallback=True, rejected=rejected)

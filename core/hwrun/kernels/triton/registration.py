@@ -54,6 +54,8 @@ class TritonKernel:
     # fixed order whatever the batch (the conformance BATCH cases check it). Not where the
     # launch grid or an atomic's order depends on the batch.
     batch_invariant: bool = True
+    # No host synchronisation and data-independent allocations: a CUDA graph may capture it.
+    graph_safe: bool = True
 
 
 DeviceReasons = Callable[[OpSpec, TritonKernel], list[str]]
@@ -119,6 +121,8 @@ class TritonTier:
                     validate=validator(kernel, self.device_reasons),
                     priority=TRITON_PRIORITY,
                     description=f"Triton: {kernel.description} ({self.tuned_for})",
+                    graph_safe=kernel.graph_safe,
+                    batch_invariant=kernel.batch_invariant,
                 )
             )
 

@@ -1,0 +1,121 @@
+"""Decode steps replayed from CUDA graphs, one captured per batch-size bucket.
+
+A decode step of B sequences is padded to the smallest bucket >= B and replayed from static
+buffers. Padding rows write nothing (slot -1), see an empty context (length 0: no index key is
+scored, no latent row attended) and their logits are dropped. The attention's context bound is
+``max_model_len`` in every bucket, so one graph serves every context length.
+
+Capture needs every op of the decode path to be graph-safe (``OpImpl.graph_safe``: no host
+synchronisation, no data-dependent allocation); :func:`graph_blockers` names those that are not,
+and the engine then runs its decode steps eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hwrun.engine.model import DecodeRows, DeepseekV32, StepMetadata
+from hwrun.engine.op_table import OpTable
+
+DECODE_OPS = (
+    "kv.write_latent",
+    "kv.write_index_keys",
+    "indexer.logits_paged",
+    "indexer.topk",
+    "indexer.to_slots",
+    "sparse_mla.decode",
+    "moe.route",
+    "moe.experts",
+)
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def graph_blockers(ops: OpTable) -> list[str]:
+    """The decode-path impls that cannot be captured, as reasons (empty: all can)."""
+    return [
+        f"{choice.op} is served by {choice.platform}:{choice.impl}, which is not graph-safe"
+        for choice in ops.choices
+        if choice.op in DECODE_OPS and not ops.graph_safe(choice.op)
+    ]
+
+
+class DecodeGraphs:
+    """Captured decode steps for batch sizes up to ``max_batch``."""
+
+    def __init__(self, model: DeepseekV32, max_batch: int, max_model_len: int, block_size: int):
+        self.model = model
+        self.max_context = max_model_len
+        self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
+        device = model.weights.embed.device
+        biggest, width = self.buckets[-1], -(-max_model_len // block_size)
+
+        def buffer(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        self.input_ids = buffer(biggest, dtype=torch.int64)
+        self.positions = buffer(biggest, dtype=torch.int64)
+        self.slots = buffer(biggest, dtype=torch.int32)
+        self.block_table = buffer(biggest, width, dtype=torch.int32)
+        self.context_lens = buffer(biggest, dtype=torch.int32)
+        self.rows = torch.arange(biggest, device=device)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def _metadata(self, batch: int) -> StepMetadata:
+        rows = self.rows[:batch]
+        decode = DecodeRows(
+            rows, self.block_table[:batch], self.context_lens[:batch], self.max_context
+        )
+        return StepMetadata(
+            self.input_ids[:batch], self.positions[:batch], self.slots[:batch], decode, None, rows
+        )
+
+    def _pad(self, start: int) -> None:
+        self.input_ids[start:] = 0
+        self.positions[start:] = 0
+        self.slots[start:] = -1
+        self.block_table[start:] = -1
+        self.context_lens[start:] = 0
+
+    def capture(self) -> None:
+        """Capture every bucket, largest first, sharing one memory pool."""
+        self._pad(0)
+        pool = None
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for batch in reversed(self.buckets):
+                self.model.forward(self._metadata(batch))  # warm-up: compile, allocate
+        torch.cuda.current_stream().wait_stream(stream)
+        for batch in reversed(self.buckets):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self.model.forward(self._metadata(batch))
+            pool = graph.pool()
+            self._graphs[batch] = (graph, logits)
+        torch.cuda.synchronize()
+
+    def fits(self, batch: int) -> bool:
+        return batch <= self.buckets[-1]
+
+    def run(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        block_tables: list[list[int]],
+    ) -> torch.Tensor:  # [B, V] float32
+        """Replay the bucket for these B decode rows (context of row i: positions[i] + 1)."""
+        batch = len(input_ids)
+        bucket = next(b for b in self.buckets if b >= batch)
+        device = self.input_ids.device
+        self._pad(batch)
+        self.input_ids[:batch] = torch.tensor(input_ids, device=device)
+        self.positions[:batch] = torch.tensor(positions, device=device)
+        self.slots[:batch] = torch.tensor(slots, dtype=torch.int32, device=device)
+        self.context_lens[:batch] = self.positions[:batch].to(torch.int32) + 1
+        width = self.block_table.shape[1]
+        table = [t[:width] + [-1] * (width - len(t[:width])) for t in block_tables]
+        self.block_table[:batch] = torch.tensor(table, dtype=torch.int32, device=device)
+        graph, logits = self._graphs[bucket]
+        graph.replay()
+        return logits[:batch].clone()

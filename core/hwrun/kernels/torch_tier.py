@@ -1,0 +1,106 @@
+"""Graph-safe torch implementations of the small ops no kernel library covers.
+
+``indexer.to_slots`` and ``moe.route`` are a few tensor operations each. Their references check
+their inputs' *values* (an index below -1, a NaN logit) and raise, which synchronises with the
+host and so cannot sit inside a CUDA graph. These impls compute the same results with the same
+torch operations (so the same bits), check only shapes, and are registered for CUDA devices, where
+the engine captures its decode steps. Out-of-range values are not reported here: the reference
+(and the conformance suite, which runs both) is where a caller's bad input is diagnosed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hwrun.ops.moe_route import RENORMALIZE_EPS
+from hwrun.registry import OpImpl, OpRegistry, OpSpec
+
+TORCH_TIER_PRIORITY = 5  # under Triton (10): the floor a GPU platform serves without syncs
+DEVICE_TYPES = ("cuda",)
+
+
+def to_slots(
+    indices: torch.Tensor,  # [R, k] int32, token positions (-1 = none)
+    block_table: torch.Tensor,  # [B, max_blocks] int32
+    block_size: int,
+    request_of_row: torch.Tensor | None = None,  # [R] int
+) -> torch.Tensor:  # [R, k] int32 slots, -1 where indices is -1
+    """``table[req, i // bs] * bs + i % bs`` as the reference defines it, without value checks."""
+    rows, requests = indices.shape[0], block_table.shape[0]
+    if request_of_row is None:
+        if requests == 0 or rows % requests:
+            raise ValueError(
+                f"without request_of_row, R={rows} rows must be a multiple of B={requests}"
+            )
+        request_of_row = torch.arange(rows, device=indices.device) // (rows // requests)
+    idx = indices.long()
+    valid = idx >= 0
+    last = block_table.shape[1] * block_size - 1
+    safe = torch.where(valid, idx, torch.zeros_like(idx)).clamp(max=last)
+    blocks = block_table.long()[request_of_row.long()[:, None], safe // block_size]
+    slots = blocks * block_size + safe % block_size
+    return torch.where(valid, slots, torch.full_like(slots, -1)).to(torch.int32)
+
+
+def route(
+    router_logits: torch.Tensor,  # [T, E] float
+    top_k: int,
+    scoring: str = "softmax",
+    n_group: int | None = None,
+    topk_group: int | None = None,
+    e_score_correction_bias: torch.Tensor | None = None,  # [E] float
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, k] float32, ids [T, k] int32
+    """``moe.route`` with the reference's operations (stable sorts: same ids, same bits)."""
+    logits = router_logits.float()
+    num_tokens, num_experts = logits.shape
+    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
+    choice = scores
+    if e_score_correction_bias is not None:
+        choice = scores + e_score_correction_bias.to(device=scores.device, dtype=torch.float32)
+    if n_group is not None and topk_group is not None and topk_group < n_group:
+        group_size = num_experts // n_group
+        grouped = choice.view(num_tokens, n_group, group_size)
+        top2 = torch.sort(grouped, dim=-1, descending=True).values[..., : min(2, group_size)]
+        group_scores = top2.sum(dim=-1)
+        best_groups = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, best_groups[:, :topk_group], True)
+        eligible = keep.unsqueeze(-1).expand(-1, -1, group_size).reshape(num_tokens, num_experts)
+        choice = choice.masked_fill(~eligible, float("-inf"))
+    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + RENORMALIZE_EPS)
+    return (weights * routed_scaling_factor).to(torch.float32), ids.to(torch.int32)
+
+
+def _on_cuda(spec: OpSpec) -> list[str]:
+    if spec.device_type not in DEVICE_TYPES:
+        return [
+            f"tensors are on {spec.device_type!r}: the graph-safe torch impls are for CUDA "
+            "devices (on the CPU the reference computes the same)"
+        ]
+    return []
+
+
+def register_torch_tier(registry: OpRegistry) -> None:
+    """Register the graph-safe torch impls on ``registry`` (a GPU platform's)."""
+    for op, fn, what in (
+        ("indexer.to_slots", to_slots, "block-table lookup"),
+        ("moe.route", route, "sigmoid/softmax scores, grouped top-k, renormalize"),
+    ):
+        registry.register(
+            OpImpl(
+                op=op,
+                name="torch",
+                platform=registry.platform,
+                fn=fn,
+                validate=_on_cuda,
+                priority=TORCH_TIER_PRIORITY,
+                description=f"torch, graph-safe: {what}",
+                graph_safe=True,
+                batch_invariant=True,  # row-wise operations only, as the reference
+            )
+        )
