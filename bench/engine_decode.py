@@ -1,0 +1,200 @@
+"""Decode time per output token of the engine's model runner, against the decode roofline.
+
+For each (batch, context) the KV pool holds ``batch`` sequences of ``context`` tokens (valid
+cache bytes: one block encoded by the platform's own cache writes, copied to every block) and
+the runner decodes one token per sequence per step, as the scheduler would hand it; the step
+time is the median over ``--steps`` steps (CUDA events around ``runner.execute``, CUDA graphs as
+the engine captures them). The roofline is the bytes a decode step must read at the measured
+copy bandwidth: every non-expert weight once, the routed experts the batch touches (expected
+distinct experts under uniform routing), and per sequence and layer the top-k latent rows plus
+the index keys of the whole context.
+
+    python bench/build_bench_model.py --out /tmp/bench-model
+    python bench/engine_decode.py --model /tmp/bench-model --batch 1 8 64 --context 32768 131072
+
+``--topk N`` rewrites the model's ``index_topk`` (``--topk 0``: the whole context, i.e. dense
+MLA) in a sibling directory sharing the weights, to compare DSA against dense attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from hwrun.engine.batch import ScheduledChunk
+from hwrun.engine.config import EngineConfig
+from hwrun.engine.model_runner import ModelRunner, build_model_runner
+from hwrun.engine.weights import MoEWeights
+from hwrun.formats.index_keys import get_index_key_format
+from hwrun.formats.latent import get_latent_format
+from hwrun.ops.quantized_weight import QuantizedWeight
+
+
+def with_topk(model: Path, topk: int, context: int) -> Path:
+    """A sibling checkpoint directory whose config has ``index_topk`` = topk (0: context)."""
+    config = json.loads((model / "config.json").read_text())
+    config["index_topk"] = topk or context
+    out = model.parent / f"{model.name}-topk{config['index_topk']}"
+    out.mkdir(exist_ok=True)
+    for file in model.glob("*.safetensors"):
+        link = out / file.name
+        if not link.exists():
+            link.symlink_to(file.resolve())
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def fill_cache(runner: ModelRunner) -> None:
+    """Valid bytes in every block: encode block 0 with the runner's own write ops, copy it."""
+    model, block = runner.model, runner.block_size
+    device = runner.device
+    slots = torch.arange(block, dtype=torch.int32, device=device)
+    dtype = model.dtype
+    for layer in range(model.config.num_layers):
+        latent = torch.randn(block, 512, device=device, dtype=dtype)
+        rope = torch.randn(block, 64, device=device, dtype=dtype)
+        keys = torch.randn(block, 128, device=device, dtype=dtype)
+        model.ops["kv.write_latent"](
+            model.latent_views[layer], latent, rope, slots, model.formats.latent_format
+        )
+        model.ops["kv.write_index_keys"](
+            model.index_views[layer], keys, slots, model.formats.index_format
+        )
+    runner.pool.cache[1:] = runner.pool.cache[0]
+
+
+def step_bytes(runner: ModelRunner, batch: int, context: int) -> float:
+    """Bytes one decode step must read (see the module docstring)."""
+    weights, config = runner.model.weights, runner.model_config
+    total = 0.0
+    for layer in weights.layers:
+        mlp = layer.mlp
+        for name in ("attention", "input_norm", "post_attention_norm"):
+            total += _nbytes(getattr(layer, name))
+        if isinstance(mlp, MoEWeights):
+            experts = config.n_routed_experts
+            per_expert = (mlp.w13.nbytes + mlp.w2.nbytes) / experts
+            touched = experts * (1 - (1 - config.num_experts_per_tok / experts) ** batch)
+            total += touched * per_expert + _nbytes(mlp.shared) + _nbytes(mlp.router)
+        else:
+            total += _nbytes(mlp)
+    total += _nbytes(weights.lm_head)
+    formats = runner.model.formats
+    latent = get_latent_format(formats.latent_format).row_bytes
+    keys = get_index_key_format(formats.index_format).bytes_per_token
+    rows = min(config.index_topk, context)
+    total += batch * config.num_layers * (rows * latent + context * keys)
+    return total
+
+
+def _nbytes(obj: object) -> float:
+    """Bytes of the tensors held by a weight dataclass (tensors, QuantizedWeights, tuples)."""
+    if obj is None:
+        return 0.0
+    if isinstance(obj, torch.Tensor):
+        return float(obj.numel() * obj.element_size())
+    if isinstance(obj, QuantizedWeight):
+        return float(obj.nbytes)
+    if isinstance(obj, (tuple, list)):
+        return sum(_nbytes(x) for x in obj)
+    return sum(_nbytes(getattr(obj, f)) for f in getattr(obj, "__dataclass_fields__", {}))
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() / statistics.median(times)
+
+
+def time_decode(runner: ModelRunner, batch: int, context: int, steps: int) -> float:
+    """Median seconds per decode step of ``batch`` sequences at ``context`` tokens."""
+    blocks = -(-(context + steps + 1) // runner.block_size)
+    tables = [list(range(b * blocks, (b + 1) * blocks)) for b in range(batch)]
+    times = []
+    for step in range(steps + 3):
+        position = context + step
+        chunks = [ScheduledChunk(b, [7], position, tables[b], True) for b in range(batch)]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        runner.execute(chunks)
+        torch.cuda.synchronize()
+        if step >= 3:  # the first steps compile and warm caches
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--platform", default="nvidia")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--context", type=int, nargs="+", default=[32768, 131072])
+    parser.add_argument("--kv-cache-dtype", default="fp8_ds_mla")
+    parser.add_argument("--index-dtype", default="fp8")
+    parser.add_argument("--topk", type=int, default=None, help="override index_topk (0: dense)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args(argv)
+
+    rows = []
+    bandwidth = copy_bandwidth(torch.device("cuda"))
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    for context in args.context:
+        model = Path(args.model)
+        if args.topk is not None:
+            model = with_topk(model, args.topk, context)
+        tokens = max(args.batch) * (-(-(context + args.steps + 4) // 64) * 64)
+        runner = build_model_runner(
+            EngineConfig(
+                model=str(model),
+                platform=args.platform,
+                kv_cache_dtype=args.kv_cache_dtype,
+                index_dtype=args.index_dtype,
+                max_model_len=context + args.steps + 4,
+                max_num_seqs=max(args.batch),
+                num_kv_tokens=tokens,
+                cuda_graphs=not args.no_cuda_graphs,
+            )
+        )
+        print(f"context {context}: cuda graphs {runner.cuda_graphs_status}")
+        for choice in runner.op_table:
+            print(f"  {choice.op:24s} {choice.platform}:{choice.impl}")
+        fill_cache(runner)
+        for batch in args.batch:
+            seconds = time_decode(runner, batch, context, args.steps)
+            floor = step_bytes(runner, batch, context) / bandwidth
+            row = {
+                "batch": batch,
+                "context": context,
+                "topk": runner.model_config.index_topk,
+                "tpot_ms": seconds * 1e3,
+                "tokens_per_s": batch / seconds,
+                "roofline_ms": floor * 1e3,
+                "percent_of_roofline": 100 * floor / seconds,
+            }
+            rows.append(row)
+            print(
+                f"  batch {batch:3d} context {context:6d}: TPOT {row['tpot_ms']:.2f} ms, "
+                f"{row['tokens_per_s']:.0f} tok/s, roofline {row['roofline_ms']:.2f} ms "
+                f"({row['percent_of_roofline']:.0f}%)"
+            )
+        del runner
+        torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
