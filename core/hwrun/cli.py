@@ -49,9 +49,9 @@ def main() -> None:
     """Console entry point: UsageError becomes a message and exit code 2, any other
     HwrunError exit code 1."""
     try:
-        cli.main(standalone_mode=False)
-    except click.exceptions.Exit as exit_:
-        sys.exit(exit_.exit_code)
+        # Outside standalone mode click returns the code of a command's Exit (ctx.exit(1),
+        # --help, --version) instead of raising it, and None when a command just returns.
+        code = cli.main(standalone_mode=False)
     except click.ClickException as err:
         err.show()
         sys.exit(err.exit_code)
@@ -64,3 +64,4 @@ def main() -> None:
     except HwrunError as err:
         click.echo(f"hwrun: error: {err}", err=True)
         sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -99,6 +99,20 @@ def test_ops_no_fallback_exits_non_zero_when_an_op_is_unserved(monkeypatch):
     assert fallback.exit_code == 0
 
 
+def test_console_entry_point_passes_a_commands_exit_code():
+    # `hwrun` itself, not CliRunner: the H200 run found it exiting 0 on --no-fallback.
+    env = {"TRITON_INTERPRET": "0", "HWRUN_DISABLE_ENTRY_POINTS": "1"}
+    unserved = subprocess_hwrun("ops", "--op", "moe.route", "--no-fallback", extra_env=env)
+    assert unserved.returncode == 0  # the reference serves its own ops
+    env["HWRUN_PLUGINS"] = "hwrun_tpu.plugin"
+    unserved = subprocess_hwrun(
+        "ops", "--platform", "tpu", "--op", "moe.route", "--no-fallback", extra_env=env
+    )
+    assert unserved.returncode == 1
+    assert "--no-fallback: 1 op(s) served by no impl: tpu:moe.route" in unserved.stderr
+    assert subprocess_hwrun("--version").returncode == 0
+
+
 @pytest.mark.parametrize("value", ["1", "0", "true", "off", ""])
 def test_reference_fallback_takes_the_documented_values(value):
     result = subprocess_hwrun(
