@@ -100,9 +100,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.block_manager.allocate(seq, num_tokens, cached)
-            seq.metrics.num_cached_tokens = max(
-                seq.metrics.num_cached_tokens, seq.num_computed_tokens
-            )
+            served = min(seq.num_computed_tokens, seq.num_prompt_tokens)  # prompt tokens only
+            seq.metrics.num_cached_tokens = max(seq.metrics.num_cached_tokens, served)
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = time.monotonic()
             seq.status = SequenceStatus.RUNNING
