@@ -112,3 +112,24 @@ def test_prompt_logprobs_are_the_log_softmax_rows():
         expected = torch.log_softmax(row, dim=-1)
         assert entry[token] == float(expected[token])
         assert int(torch.argmax(expected)) in entry
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_seeded_rows_sample_alone_as_in_a_batch_and_match_the_cpu_filters():
+    batch = torch.randn(32, 1000, generator=torch.Generator().manual_seed(6)) * 3
+    params = [
+        SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.01, seed=i, logprobs=3)
+        for i in range(32)
+    ]
+
+    def generators():
+        return [torch.Generator(device="cuda").manual_seed(p.seed) for p in params]
+
+    cuda = batch.cuda()
+    tokens, logprobs = sampler.sample(cuda, params, generators())
+    for i in (0, 13, 31):
+        alone = sampler.sample(cuda[i : i + 1], params[i : i + 1], generators()[i : i + 1])
+        assert alone == ([tokens[i]], [logprobs[i]])
+        on_gpu = sampler.filtered_probs(cuda[i], params[i]).cpu()
+        assert torch.allclose(on_gpu, sampler.filtered_probs(batch[i], params[i]), atol=1e-6)
+        assert on_gpu[tokens[i]] > 0
