@@ -1,13 +1,14 @@
-# The two commands of the README's quick start: `make conformance` (the main job: every installed
-# platform against the reference, report in reports/) and `make test`. Both create .venv on first
-# use and install everything into it.
+# The two commands of the README's quick start: `make serve` (the OpenAI-compatible server on the
+# embedded model, http://127.0.0.1:8000/v1) and `make test`; `make conformance` runs every installed
+# platform against the reference (report in reports/). Each creates .venv on first use and installs
+# everything into it.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hwrun-installed
 PLUGINS := plugins/nvidia plugins/amd plugins/tpu plugins/ppu
 
-.PHONY: test lint conformance platforms bench clean
+.PHONY: test lint serve conformance platforms bench clean
 
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +24,10 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The built-in engine on the embedded default model; Ctrl-C (or SIGTERM) drains and stops it.
+serve: $(STAMP)
+	$(BIN)/hwrun serve
 
 platforms: $(STAMP)
 	$(BIN)/hwrun platforms
