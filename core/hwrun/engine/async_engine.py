@@ -19,7 +19,7 @@ from typing import Any
 
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.errors import EngineDeadError, PromptError, QueueFullError
-from hwrun.engine.llm_engine import _FROM_CHECKPOINT, LLMEngine
+from hwrun.engine.llm_engine import TOKENIZER_FROM_CHECKPOINT, LLMEngine
 from hwrun.engine.outputs import RequestOutput
 from hwrun.engine.sampling_params import SamplingParams
 from hwrun.engine.sequence import Sequence
@@ -39,7 +39,7 @@ class AsyncEngine:
         *,
         max_queued: int | None = None,
         runner: Any = None,
-        tokenizer: Any = _FROM_CHECKPOINT,
+        tokenizer: Any = TOKENIZER_FROM_CHECKPOINT,
     ):
         self._engine = LLMEngine(config, runner=runner, tokenizer=tokenizer)
         self.tokenizer: Tokenizer | None = self._engine.tokenizer

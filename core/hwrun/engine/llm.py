@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hwrun.engine.config import EngineConfig
-from hwrun.engine.llm_engine import _FROM_CHECKPOINT, LLMEngine
+from hwrun.engine.llm_engine import TOKENIZER_FROM_CHECKPOINT, LLMEngine
 from hwrun.engine.outputs import RequestOutput
 from hwrun.engine.sampling_params import SamplingParams
 from hwrun.engine.stats import EngineStats
@@ -47,7 +47,7 @@ class LLM:
         max_model_len: int | None = None,
         *,
         runner: Any = None,
-        tokenizer: Any = _FROM_CHECKPOINT,
+        tokenizer: Any = TOKENIZER_FROM_CHECKPOINT,
         **engine_flags: Any,
     ):
         unknown = sorted(set(engine_flags) - _CONFIG_FIELDS)
@@ -68,7 +68,7 @@ class LLM:
 
     @classmethod
     def from_config(
-        cls, config: EngineConfig, *, runner: Any = None, tokenizer: Any = _FROM_CHECKPOINT
+        cls, config: EngineConfig, *, runner: Any = None, tokenizer: Any = TOKENIZER_FROM_CHECKPOINT
     ) -> LLM:
         """An LLM for an EngineConfig already made (the CLI builds one from its flags)."""
         llm = cls.__new__(cls)

@@ -38,7 +38,7 @@ from hwrun.engine.tokenizer import (
     load_tokenizer,
 )
 
-_FROM_CHECKPOINT: Any = object()
+TOKENIZER_FROM_CHECKPOINT: Any = object()  # default of tokenizer=: load the checkpoint's
 
 
 class LLMEngine:
@@ -50,7 +50,11 @@ class LLMEngine:
     """
 
     def __init__(
-        self, config: EngineConfig, *, runner: Any = None, tokenizer: Any = _FROM_CHECKPOINT
+        self,
+        config: EngineConfig,
+        *,
+        runner: Any = None,
+        tokenizer: Any = TOKENIZER_FROM_CHECKPOINT,
     ):
         if runner is None:
             from hwrun.engine.model_runner import build_model_runner
@@ -59,7 +63,9 @@ class LLMEngine:
         self.config = config
         self.runner = runner
         self.tokenizer: Tokenizer | None = (
-            load_tokenizer(config.model_dir) if tokenizer is _FROM_CHECKPOINT else tokenizer
+            load_tokenizer(config.model_dir)
+            if tokenizer is TOKENIZER_FROM_CHECKPOINT
+            else tokenizer
         )
         self.vocab_size: int = runner.vocab_size
         # A sequence must fit the pool on its own, or it would preempt itself forever.
