@@ -73,7 +73,7 @@ class LLMEngine:
         self.max_model_len: int = min(
             runner.max_model_len, config.max_model_len or runner.max_model_len, pool_tokens
         )
-        eos = set(runner.eos_token_ids)  # the checkpoint's config / generation_config
+        eos = set(runner.eos_token_ids)  # eos_token_id of the checkpoint's config.json
         if not eos and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos = {self.tokenizer.eos_token_id}
         self.eos_token_ids: frozenset[int] = frozenset(eos)
