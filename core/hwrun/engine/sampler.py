@@ -74,10 +74,13 @@ def sample(
 ) -> tuple[list[int], list[Logprobs | None]]:
     """Next token of each row of ``logits`` ``[R, V]``, and its logprobs where asked for."""
     logits = logits.float()
+    # Argmax is exact (a max, no rounding), so the greedy rows take one argmax and one copy to
+    # the host without depending on their batch.
+    greedy = torch.argmax(logits, dim=-1).tolist()
     tokens: list[int] = []
     logprobs: list[Logprobs | None] = []
-    for row, row_params, generator in zip(logits, params, generators, strict=True):
-        token = sample_row(row, row_params, generator)
+    for i, (row, row_params) in enumerate(zip(logits, params, strict=True)):
+        token = greedy[i] if row_params.greedy else sample_row(row, row_params, generators[i])
         tokens.append(token)
         if row_params.logprobs is None:
             logprobs.append(None)
