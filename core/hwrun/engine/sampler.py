@@ -1,6 +1,7 @@
 """Logits -> next tokens and logprobs, one row at a time.
 
-Every row is computed on its own (no op reduces across rows), so a request's token and logprobs
+Every row is computed on its own (no op reduces across rows; the greedy rows share one argmax
+call, exact per row), so a request's token and logprobs
 depend only on its logits, its options and its own generator: the sampler is batch-invariant
 by construction, and a seeded request gives the same samples alone or in any batch.
 
