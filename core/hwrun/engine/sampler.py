@@ -1,9 +1,9 @@
 """Logits -> next tokens and logprobs, one row at a time.
 
 Every row is computed on its own (no op reduces across rows; the greedy rows share one argmax
-call, exact per row), so a request's token and logprobs
-depend only on its logits, its options and its own generator: the sampler is batch-invariant
-by construction, and a seeded request gives the same samples alone or in any batch.
+call, exact per row), so a request's token and logprobs depend only on its logits, its options
+and its own generator: the sampler is batch-invariant by construction, and a seeded request
+gives the same samples alone or in any batch.
 
 Per row, as vLLM orders it: temperature == 0 takes the argmax (the smallest index among equal
 maxima). Otherwise the logits are divided by the temperature, then filtered: min-p drops tokens
