@@ -23,6 +23,7 @@ INTERPRETER_MODULES = {
     "test_sparse_mla.py",
     "test_lse_combine.py",
     "test_kv_write.py",
+    "test_moe.py",
 }
 
 

@@ -1,4 +1,8 @@
-"""sparse_mla.decode: absorbed MLA over top-k latent cache slots, fp8_ds_mla and bf16 rows.
+"""sparse_mla.decode and .prefill: absorbed MLA over top-k latent rows, one kernel.
+
+Decode reads fp8_ds_mla or bf16 rows from the paged cache; prefill reads the gathered bf16 or
+fp32 workspace, passed to the same kernel as a cache of one-row blocks (``ROW`` says how a row
+is stored), with its top-k never split.
 
 Program (row, head block, V part, split) gathers BLOCK_N latent rows at a time straight from
 the paged cache and runs an online softmax in base 2. An fp8_ds_mla row is read as stored
@@ -17,19 +21,21 @@ import torch
 import triton
 import triton.language as tl
 
-from hwrun.kernels.triton.index_key_tiles import wide_dtype
+from hwrun.kernels.triton.index_key_tiles import padded_heads, wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.lse_combine import combine_parts
 
 LATENT_ROW_BYTES = {"bf16": 1152, "fp8_ds_mla": 656}
+ROW_KINDS = {"fp8_ds_mla": 0, "bf16": 1}  # the kernel's ROW: how a key row is stored
+WORKSPACE_ROW_KINDS = {torch.bfloat16: 1, torch.float32: 2}
 _LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _nope_group(rows, valid, g: tl.constexpr, FP8: tl.constexpr, WIDE: tl.constexpr):
+def _nope_group(rows, valid, g: tl.constexpr, ROW: tl.constexpr, WIDE: tl.constexpr):
     d = tl.arange(0, 128)
-    if FP8:
+    if ROW == 0:  # fp8_ds_mla
         raw = tl.load(rows[:, None] + g * 128 + d[None, :], mask=valid[:, None], other=0)
         codes = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         scale = tl.load((rows + 512 + 4 * g).to(tl.pointer_type(tl.float32)), mask=valid, other=0.0)
@@ -38,9 +44,29 @@ def _nope_group(rows, valid, g: tl.constexpr, FP8: tl.constexpr, WIDE: tl.conste
         scale = scale.to(tl.bfloat16).to(tl.float32)
         tile = (codes * scale[:, None]).to(tl.bfloat16).to(WIDE)
     else:
-        ptrs = (rows + 256 * g).to(tl.pointer_type(tl.bfloat16))
+        ptrs = _elements(rows, ROW) + 128 * g
         tile = tl.load(ptrs[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(WIDE)
     return tile
+
+
+@triton.jit
+def _elements(rows, ROW: tl.constexpr):
+    """A bf16 (ROW 1) or fp32 (ROW 2) row's pointer as a pointer to its 576 elements."""
+    if ROW == 1:
+        ptrs = rows.to(tl.pointer_type(tl.bfloat16))
+    else:
+        ptrs = rows.to(tl.pointer_type(tl.float32))
+    return ptrs
+
+
+@triton.jit
+def _rope(rows, valid, ROW: tl.constexpr, WIDE: tl.constexpr):
+    d = tl.arange(0, 64)
+    if ROW == 0:  # noqa: SIM108 (constexpr branches as statements, as Triton's jit reads them)
+        ptrs = (rows + 528).to(tl.pointer_type(tl.bfloat16))
+    else:
+        ptrs = _elements(rows, ROW) + 512
+    return tl.load(ptrs[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(WIDE)
 
 
 @triton.jit
@@ -69,7 +95,7 @@ def _sparse_mla_decode_kernel(
     scale_log2,  # softmax_scale * log2(e)
     HAS_LENS: tl.constexpr,
     HAS_SINK: tl.constexpr,
-    FP8: tl.constexpr,
+    ROW: tl.constexpr,  # 0: fp8_ds_mla, 1: bf16 elements, 2: fp32 elements
     WIDE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -104,7 +130,6 @@ def _sparse_mla_decode_kernel(
     acc1 = tl.zeros((BLOCK_H, 128), tl.float32)
     acc2 = tl.zeros((BLOCK_H, 128), tl.float32)
     acc3 = tl.zeros((BLOCK_H, 128), tl.float32)
-    d_rope = tl.arange(0, 64)
     for start in range(lo, hi, BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
         slot = tl.load(slots_ptr + r * k + j, mask=j < hi, other=-1)
@@ -112,12 +137,11 @@ def _sparse_mla_decode_kernel(
         safe = tl.where(valid, slot, 0).to(tl.int64)
         offs = (safe // block_size) * cache_block_stride + (safe % block_size) * cache_row_stride
         rows = cache_ptr + tl.multiple_of(offs, 16)
-        k0 = _nope_group(rows, valid, 0, FP8, WIDE)
-        k1 = _nope_group(rows, valid, 1, FP8, WIDE)
-        k2 = _nope_group(rows, valid, 2, FP8, WIDE)
-        k3 = _nope_group(rows, valid, 3, FP8, WIDE)
-        rope_ptrs = (rows + (528 if FP8 else 1024)).to(tl.pointer_type(tl.bfloat16))
-        kr = tl.load(rope_ptrs[:, None] + d_rope[None, :], mask=valid[:, None], other=0.0).to(WIDE)
+        k0 = _nope_group(rows, valid, 0, ROW, WIDE)
+        k1 = _nope_group(rows, valid, 1, ROW, WIDE)
+        k2 = _nope_group(rows, valid, 2, ROW, WIDE)
+        k3 = _nope_group(rows, valid, 3, ROW, WIDE)
+        kr = _rope(rows, valid, ROW, WIDE)
 
         s = tl.dot(q0, tl.trans(k0))
         s += tl.dot(q1, tl.trans(k1))
@@ -163,6 +187,76 @@ def _sparse_mla_decode_kernel(
         tl.store(out_rows + 384 + d[None, :], acc3 * inv[:, None], mask=h_mask[:, None])
 
 
+def _attend(
+    q: torch.Tensor,  # [R, H, 576]
+    rows: torch.Tensor,  # [num_blocks, block_size, row_bytes] uint8, one key row per entry
+    row_kind: int,  # ROW_KINDS value
+    slots: torch.Tensor,  # [R, k] int, -1 invalid
+    softmax_scale: float,
+    lengths: torch.Tensor | None,  # [R] int
+    attn_sink: torch.Tensor | None,  # [H] float32
+    out_dtype: torch.dtype,
+    block_h: int,
+    block_n: int,
+    v_parts: int,
+    splits: int | None,
+    num_warps: int,
+    num_stages: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # out [R, H, 512] out_dtype, lse [R, H] fp32
+    """Launch the kernel over the rows of ``q`` (and merge the top-k parts when split)."""
+    R, H, _ = q.shape
+    k = slots.shape[1]
+    if rows.stride(2) != 1 or rows.stride(1) % 16 or rows.stride(0) % 16:
+        raise ValueError("sparse_mla: key rows must be contiguous and 16-byte aligned")
+    if R == 0:
+        empty = torch.empty((0, H, 512), dtype=out_dtype, device=q.device)
+        return empty, torch.empty((0, H), dtype=torch.float32, device=q.device)
+    if splits is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        programs = R * triton.cdiv(H, block_h) * (4 // v_parts)
+        # At least 8 steps of block_n entries per part (batch 1 on the H200: 8 parts of 256
+        # beat 64 parts of 32 by 2x: every part reloads the 128 x 576 queries).
+        splits = max(1, min(triton.cdiv(k, 8 * block_n), sms // max(programs, 1)))
+    chunk = triton.cdiv(triton.cdiv(k, splits), block_n) * block_n
+    splits = triton.cdiv(k, chunk)
+    direct = splits == 1  # one part: the kernel writes the final output, sink applied
+    part_out = torch.empty(
+        (splits, R, H, 512), dtype=out_dtype if direct else torch.float32, device=q.device
+    )
+    part_lse = torch.empty((splits, R, H), dtype=torch.float32, device=q.device)
+    lens = lengths.to(torch.int32).contiguous() if lengths is not None else part_lse
+    grid = (R, triton.cdiv(H, block_h) * (4 // v_parts), splits)
+    prepare_launch()
+    _sparse_mla_decode_kernel[grid](
+        q.contiguous(),
+        rows,
+        slots.to(torch.int32).contiguous(),
+        lens,
+        attn_sink.float().contiguous() if attn_sink is not None else part_lse,
+        part_out,
+        part_lse,
+        k,
+        H,
+        chunk,
+        rows.shape[1],
+        rows.stride(0),
+        rows.stride(1),
+        float(softmax_scale) * _LOG2E,
+        HAS_LENS=lengths is not None,
+        HAS_SINK=direct and attn_sink is not None,
+        ROW=row_kind,
+        WIDE=wide_dtype(),
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        V_PARTS=v_parts,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if direct:
+        return part_out[0], part_lse[0]
+    return combine_parts(part_out, part_lse, attn_sink, out_dtype)
+
+
 def decode(
     q: torch.Tensor,  # [B, s, H, 576] bfloat16
     cache: torch.Tensor,  # [num_blocks, block_size, row_bytes] uint8
@@ -195,54 +289,77 @@ def decode(
             f"sparse_mla.decode: cache must be uint8 [num_blocks, block_size, {row_bytes}] for "
             f"{fmt!r}, got {cache.dtype} {tuple(cache.shape)}"
         )
-    if cache.stride(2) != 1 or cache.stride(1) % 16 or cache.stride(0) % 16:
-        raise ValueError("sparse_mla.decode: cache rows must be contiguous and 16-byte aligned")
     if slots.dim() != 3 or slots.shape[:2] != (B, S):
         raise ValueError(
             f"sparse_mla.decode: slots must be [B={B}, s={S}, k], got {tuple(slots.shape)}"
         )
-    rows, k = B * S, slots.shape[2]
-    if splits is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        programs = rows * triton.cdiv(H, block_h) * (4 // v_parts)
-        # At least 8 steps of block_n entries per part (batch 1 on the H200: 8 parts of 256
-        # beat 64 parts of 32 by 2x: every part reloads the 128 x 576 queries).
-        splits = max(1, min(triton.cdiv(k, 8 * block_n), sms // max(programs, 1)))
-    chunk = triton.cdiv(triton.cdiv(k, splits), block_n) * block_n
-    splits = triton.cdiv(k, chunk)
-    direct = splits == 1  # one part: the kernel writes the final output, sink applied
-    out_dtype = q.dtype if direct else torch.float32
-    part_out = torch.empty((splits, rows, H, 512), dtype=out_dtype, device=q.device)
-    part_lse = torch.empty((splits, rows, H), dtype=torch.float32, device=q.device)
-    lens = topk_length.reshape(rows).to(torch.int32) if topk_length is not None else slots
-    grid = (rows, triton.cdiv(H, block_h) * (4 // v_parts), splits)
-    prepare_launch()
-    _sparse_mla_decode_kernel[grid](
-        q.reshape(rows, H, 576).contiguous(),
+    rows = B * S
+    out, lse = _attend(
+        q.reshape(rows, H, 576),
         cache,
-        slots.reshape(rows, k).to(torch.int32).contiguous(),
-        lens,
-        attn_sink.float().contiguous() if attn_sink is not None else part_lse,
-        part_out,
-        part_lse,
-        k,
-        H,
-        chunk,
-        cache.shape[1],
-        cache.stride(0),
-        cache.stride(1),
-        float(softmax_scale) * _LOG2E,
-        HAS_LENS=topk_length is not None,
-        HAS_SINK=direct and attn_sink is not None,
-        FP8=fmt == "fp8_ds_mla",
-        WIDE=wide_dtype(),
-        BLOCK_H=block_h,
-        BLOCK_N=block_n,
-        V_PARTS=v_parts,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        ROW_KINDS[fmt],
+        slots.reshape(rows, -1),
+        softmax_scale,
+        None if topk_length is None else topk_length.reshape(rows),
+        attn_sink,
+        q.dtype,
+        block_h,
+        block_n,
+        v_parts,
+        splits,
+        num_warps,
+        num_stages,
     )
-    if direct:
-        return part_out.reshape(B, S, H, 512), part_lse.reshape(B, S, H)
-    out, lse = combine_parts(part_out, part_lse, attn_sink, q.dtype)
     return out.reshape(B, S, H, 512), lse.reshape(B, S, H)
+
+
+def prefill(
+    q: torch.Tensor,  # [T, H, 576] bfloat16
+    kv: torch.Tensor,  # [S, 576] bfloat16 / float32, the gathered latent workspace
+    indices: torch.Tensor,  # [T, k] int32 rows of kv, -1 = invalid
+    softmax_scale: float,
+    topk_length: torch.Tensor | None = None,  # [T] int32, entries >= it are invalid
+    attn_sink: torch.Tensor | None = None,  # [H] float32
+    block_n: int = 32,
+    num_warps: int = 8,
+    num_stages: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:  # out [T, H, 512] q.dtype, lse [T, H] float32
+    """``sparse_mla.prefill``: the decode kernel with the workspace as a cache of one-row blocks.
+
+    Each token's row is one program per head block, its top-k never split, so a token's result
+    does not depend on the batch. An fp32 workspace is read as fp32 and multiplied in the
+    kernel's dtype (bf16 on a GPU: exact for workspaces decoded from the cache formats, whose
+    values are bf16 values). Indices are not range-checked on the device (that would
+    synchronise the host): every index must be -1 or lie in ``[0, S)``.
+    """
+    if q.dim() != 3 or q.shape[-1] != 576:
+        raise ValueError(f"sparse_mla.prefill: q must be [T, H, 576], got {tuple(q.shape)}")
+    if kv.dim() != 2 or kv.shape[1] != 576 or kv.dtype not in WORKSPACE_ROW_KINDS:
+        raise ValueError(
+            f"sparse_mla.prefill: kv must be bfloat16 or float32 [S, 576], got {kv.dtype} "
+            f"{tuple(kv.shape)}"
+        )
+    tokens, heads, _ = q.shape
+    if indices.dim() != 2 or indices.shape[0] != tokens or indices.shape[1] <= 0:
+        raise ValueError(
+            f"sparse_mla.prefill: indices must be [T={tokens}, k >= 1], got {tuple(indices.shape)}"
+        )
+    kv = kv.contiguous()
+    rows = kv.view(torch.uint8).reshape(kv.shape[0], 1, 576 * kv.element_size())
+    block_h = min(128, padded_heads(heads))
+    return _attend(
+        q,
+        rows,
+        WORKSPACE_ROW_KINDS[kv.dtype],
+        indices,
+        softmax_scale,
+        topk_length,
+        attn_sink,
+        q.dtype,
+        block_h,
+        block_n,
+        2 if block_h > 32 else 4,
+        1,
+        num_warps,
+        num_stages,
+    )

@@ -1,0 +1,465 @@
+"""moe.experts: a fused MoE over tokens grouped by expert, bf16 and fp8 block-128 weights.
+
+Four steps, none of which reads a device value on the host (no ``.item()``, ``.tolist()`` or
+``torch.unique``), so a decode step that calls it can be captured in a CUDA graph:
+
+1. ``align_by_expert`` (torch): the ``T * k`` (token, slot) pairs sorted by expert id, each
+   expert's run padded to a multiple of ``BLOCK_M`` rows, and the expert of every row block.
+   The number of blocks is bounded by the shapes alone (``(N + min(E, N) * (BLOCK_M - 1)) //
+   BLOCK_M`` for ``N = T * k`` slots); blocks past the last expert's run exit at once.
+2. ``_gate_up_kernel``: per (row block, I tile), ``x @ W13_e^T`` for the gate and the up rows
+   together, then ``silu(gate) * up`` rounded to bf16 (the contract's activation rounding).
+3. ``_down_kernel``: per (row block, D tile), ``h @ W2_e^T`` times the slot's routing weight,
+   written to the slot's own fp32 row (no atomics: each output element is written once).
+4. ``_combine_kernel``: per token, its k slot rows summed in slot order in fp32, plus the
+   shared experts' row, rounded once to ``x``'s dtype.
+
+Weights: ``bf16``, or ``fp8_block128`` / ``fp8_block128_ue8m0`` e4m3 codes decoded in the
+kernel. A K step never crosses a 128-wide scale tile, so the codes (exact in bf16) go through
+the matrix units as they are and each K step's partial product is multiplied by its tile's
+scale (per output row: gate and up rows may sit in different tiles): the same sum as the
+decoded weights', in another order. The shared experts run through the same two kernels as a
+single expert that every token chose with weight 1.
+
+Numerics against the reference (``hwrun.ops.moe_experts``): the GEMM inputs are the same bf16
+values and the products accumulate in fp32, but in tiles rather than one token at a time, so
+the bits differ (the reference is bitwise batch-invariant, this is not: a token's rows share a
+tile with whichever tokens chose the same expert). The differences are fp32 summation order,
+which can flip a bf16 rounding of the intermediate or of the output by one unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from hwrun.kernels.triton.index_key_tiles import wide_dtype
+from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
+
+WEIGHT_FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0")
+_FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "fp8_block128_ue8m0": 2}
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Launch shape of the two GEMM kernels (BLOCK_K must divide 128: one scale tile per step)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# Tuned on the H200 at DeepSeek-V3 expert shapes (docs/benchmarks.md), by rows per expert.
+DECODE_TILES = TileConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)
+MIDDLE_TILES = TileConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4)
+PREFILL_TILES = TileConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3)
+INTERPRETER_TILES = TileConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)
+
+
+def default_tiles(num_slots: int, num_experts: int, on_gpu: bool) -> TileConfig:
+    """Row blocks as tall as the experts' typical number of rows (padding rows cost MMA time
+    and registers, not memory traffic)."""
+    if not on_gpu:
+        return INTERPRETER_TILES
+    rows_per_expert = num_slots / max(num_experts, 1)
+    if rows_per_expert < 8:
+        return DECODE_TILES
+    return MIDDLE_TILES if rows_per_expert < 64 else PREFILL_TILES
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Slots grouped by expert: what the GEMM kernels walk."""
+
+    sorted_slots: torch.Tensor  # [P] int32 flat slot t*k + j, -1 on padding rows
+    block_expert: torch.Tensor  # [P / BLOCK_M] int32 expert of each row block, -1 past the end
+    num_blocks: int
+
+
+def align_by_expert(
+    ids: torch.Tensor,  # [T, k] int expert ids, -1 = not served here
+    num_experts: int,
+    block_m: int,
+) -> ExpertLayout:
+    """Sort the slots by expert and pad each expert's run to ``block_m`` rows, on the device.
+
+    An id outside ``0..E-1`` joins no run (the GPU path cannot raise on a value without reading
+    it on the host). Slots of one expert keep their flat order.
+    """
+    slots = ids.numel()
+    bucket = ids.reshape(-1).long()
+    bucket = torch.where((bucket >= 0) & (bucket < num_experts), bucket, num_experts)
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=ids.device)
+    counts.scatter_add_(0, bucket, torch.ones_like(bucket))
+    blocks = (counts[:num_experts] + block_m - 1) // block_m
+    block_end = torch.cumsum(blocks, 0)
+    num_blocks = (slots + min(num_experts, slots) * (block_m - 1)) // block_m
+    rows = num_blocks * block_m
+    order = torch.argsort(bucket, stable=True)
+    sorted_bucket = bucket[order]
+    run_start = torch.cumsum(counts, 0) - counts  # first position of each bucket in `order`
+    rank = torch.arange(slots, device=ids.device) - run_start[sorted_bucket]
+    first_row = (block_end - blocks) * block_m
+    served = sorted_bucket < num_experts
+    row = torch.where(served, first_row[sorted_bucket.clamp(max=num_experts - 1)] + rank, rows)
+    sorted_slots = torch.full((rows + 1,), -1, dtype=torch.int32, device=ids.device)
+    sorted_slots[row] = order.to(torch.int32)  # unserved slots all land on the dropped row
+    block_index = torch.arange(num_blocks, device=ids.device)
+    expert = torch.searchsorted(block_end, block_index, right=True)
+    block_expert = torch.where(expert < num_experts, expert, -1).to(torch.int32)
+    return ExpertLayout(sorted_slots[:rows], block_expert, num_blocks)
+
+
+def _every_token(tokens: int, block_m: int, device: torch.device) -> ExpertLayout:
+    """The layout of one expert that every token chose once (the shared experts)."""
+    num_blocks = triton.cdiv(tokens, block_m)
+    rows = torch.arange(num_blocks * block_m, device=device, dtype=torch.int32)
+    sorted_slots = torch.where(rows < tokens, rows, -1)
+    block_expert = torch.zeros(num_blocks, dtype=torch.int32, device=device)
+    return ExpertLayout(sorted_slots, block_expert, num_blocks)
+
+
+@triton.jit
+def _weight_tile(
+    w_ptr,
+    s_ptr,
+    expert,
+    n,  # [BLOCK_N] output rows of the weight
+    n_mask,
+    k0,
+    kk,  # [BLOCK_K] reduction positions
+    k_mask,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    FORMAT: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    """The [BLOCK_N, BLOCK_K] weight tile in WIDE and, for fp8, its rows' scales [BLOCK_N]."""
+    ptrs = w_ptr + expert * stride_we + n[:, None] * stride_wn + kk[None, :]
+    raw = tl.load(ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0)
+    # One return for every FORMAT: the compiler traces the statements after a constexpr
+    # branch's return too.
+    if FORMAT == 0:
+        tile = raw.to(WIDE)
+        scale = tl.full(n.shape, 1.0, tl.float32)
+    else:
+        tile = raw.to(tl.float8e4nv, bitcast=True).to(WIDE)
+        scale_ptrs = s_ptr + expert * stride_se + (n // 128) * stride_sn + k0 // 128
+        if FORMAT == 1:
+            scale = tl.load(scale_ptrs, mask=n_mask, other=0.0)
+        else:  # ue8m0 codes: 2^(code - 127), code 0 is 2^-127
+            field = tl.load(scale_ptrs, mask=n_mask, other=127).to(tl.int32)
+            power = (field << 23).to(tl.float32, bitcast=True)
+            scale = tl.where(field == 0, 5.877471754111438e-39, power)
+    return tile, scale
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr,  # [T, D] bf16
+    w_ptr,  # [E, 2I, D] bf16 or uint8 e4m3 codes
+    s_ptr,  # [E, ceil(2I/128), ceil(D/128)] scales (fp8 only)
+    sorted_ptr,  # [P] int32
+    block_expert_ptr,  # [P / BLOCK_M] int32
+    h_ptr,  # [P, I] bf16 out
+    D,
+    I,
+    top_k,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    FORMAT: tl.constexpr,
+    WIDE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    if expert < 0:
+        return
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    slot = tl.load(sorted_ptr + rows)
+    valid = slot >= 0
+    token = tl.where(valid, slot // top_k, 0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < I
+    gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = kk < D
+        a = tl.load(
+            x_ptr + token[:, None] * D + kk[None, :], mask=valid[:, None] & k_mask[None, :], other=0
+        ).to(WIDE)
+        wg, sg = _weight_tile(
+            w_ptr, s_ptr, expert, n, n_mask, k0, kk, k_mask,
+            stride_we, stride_wn, stride_se, stride_sn, FORMAT, WIDE,
+        )  # fmt: skip
+        wu, su = _weight_tile(
+            w_ptr, s_ptr, expert, n + I, n_mask, k0, kk, k_mask,
+            stride_we, stride_wn, stride_se, stride_sn, FORMAT, WIDE,
+        )  # fmt: skip
+        if FORMAT == 0:
+            gate = tl.dot(a, tl.trans(wg), gate)
+            up = tl.dot(a, tl.trans(wu), up)
+        else:
+            gate += tl.dot(a, tl.trans(wg)) * sg[None, :]
+            up += tl.dot(a, tl.trans(wu)) * su[None, :]
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    out = h_ptr + rows.to(tl.int64)[:, None] * I + n[None, :]
+    tl.store(out, h.to(tl.bfloat16), mask=valid[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr,  # [P, I] bf16
+    w_ptr,  # [E, D, I] bf16 or uint8 e4m3 codes
+    s_ptr,  # [E, ceil(D/128), ceil(I/128)] scales (fp8 only)
+    sorted_ptr,  # [P] int32
+    block_expert_ptr,  # [P / BLOCK_M] int32
+    route_ptr,  # [T * k] float32 routing weight of each slot
+    out_ptr,  # [T * k, D] float32, one row per slot
+    D,
+    I,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    FORMAT: tl.constexpr,
+    WIDE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    if expert < 0:
+        return
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    slot = tl.load(sorted_ptr + rows)
+    valid = slot >= 0
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < D
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = kk < I
+        a = tl.load(
+            h_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
+            mask=valid[:, None] & k_mask[None, :],
+            other=0,
+        ).to(WIDE)
+        w, s = _weight_tile(
+            w_ptr, s_ptr, expert, n, n_mask, k0, kk, k_mask,
+            stride_we, stride_wn, stride_se, stride_sn, FORMAT, WIDE,
+        )  # fmt: skip
+        if FORMAT == 0:
+            acc = tl.dot(a, tl.trans(w), acc)
+        else:
+            acc += tl.dot(a, tl.trans(w)) * s[None, :]
+    safe_slot = tl.where(valid, slot, 0).to(tl.int64)
+    route = tl.load(route_ptr + safe_slot, mask=valid, other=0.0)
+    out = out_ptr + safe_slot[:, None] * D + n[None, :]
+    tl.store(out, acc * route[:, None], mask=valid[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _combine_kernel(
+    routed_ptr,  # [T * k, D] float32
+    ids_ptr,  # [T * k] int32
+    shared_ptr,  # [T, D] float32 (unused without HAS_SHARED)
+    out_ptr,  # [T, D] x.dtype
+    D,
+    E,
+    top_k,
+    HAS_SHARED: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for j in range(top_k):
+        e = tl.load(ids_ptr + t * top_k + j + tl.zeros((BLOCK_D,), tl.int32))  # broadcast
+        served = (e >= 0) & (e < E)
+        acc += tl.load(routed_ptr + (t * top_k + j) * D + d, mask=d_mask & served, other=0.0)
+    if HAS_SHARED:
+        acc += tl.load(shared_ptr + t * D + d, mask=d_mask, other=0.0)
+    tl.store(out_ptr + t * D + d, acc.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def _weight_args(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, int, int, int, int]:
+    """(data, scales, expert / row strides of data, expert / row strides of scales); a 2-D
+    weight (the shared experts) is one expert with an expert stride of 0."""
+    data = w.data if w.data.stride(-1) == 1 else w.data.contiguous()
+    scales = w.scales if w.scales is not None else data
+    if scales.stride(-1) != 1:
+        scales = scales.contiguous()
+    three_d = data.dim() == 3
+    return (
+        data,
+        scales,
+        data.stride(0) if three_d else 0,
+        data.stride(-2),
+        scales.stride(0) if three_d and w.scales is not None else 0,
+        scales.stride(-2) if w.scales is not None else 0,
+    )
+
+
+def _swiglu_grouped(
+    x: torch.Tensor,  # [T, D] bf16
+    w13: QuantizedWeight,  # [E, 2I, D] or [2I, D]
+    w2: QuantizedWeight,  # [E, D, I] or [D, I]
+    layout: ExpertLayout,
+    route: torch.Tensor,  # [T * k] float32
+    out_rows: int,  # T * k
+    top_k: int,
+    tiles: TileConfig,
+) -> torch.Tensor:  # [T * k, D] float32, rows of unserved slots unwritten
+    hidden = x.shape[1]
+    inter = w13.shape[-2] // 2
+    rows = layout.sorted_slots.shape[0]
+    h = torch.empty(rows, inter, dtype=torch.bfloat16, device=x.device)
+    out = torch.empty(out_rows, hidden, dtype=torch.float32, device=x.device)
+    if layout.num_blocks == 0:
+        return out
+    wide = wide_dtype()
+    common = {
+        "WIDE": wide,
+        "BLOCK_M": tiles.block_m,
+        "BLOCK_N": tiles.block_n,
+        "BLOCK_K": tiles.block_k,
+        "num_warps": tiles.num_warps,
+        "num_stages": tiles.num_stages,
+    }
+    data, scales, we, wn, se, sn = _weight_args(w13)
+    grid = (layout.num_blocks, triton.cdiv(inter, tiles.block_n))
+    _gate_up_kernel[grid](
+        x, data, scales, layout.sorted_slots, layout.block_expert, h,
+        hidden, inter, top_k, we, wn, se, sn,
+        FORMAT=_FORMAT_CODES[w13.format], **common,
+    )  # fmt: skip
+    data, scales, we, wn, se, sn = _weight_args(w2)
+    grid = (layout.num_blocks, triton.cdiv(hidden, tiles.block_n))
+    _down_kernel[grid](
+        h, data, scales, layout.sorted_slots, layout.block_expert, route, out,
+        hidden, inter, we, wn, se, sn,
+        FORMAT=_FORMAT_CODES[w2.format], **common,
+    )  # fmt: skip
+    return out
+
+
+def _check(
+    x: torch.Tensor,
+    w13: QuantizedWeight,
+    w2: QuantizedWeight,
+    ids: torch.Tensor,
+    activation_mode: str,
+    shared: tuple[QuantizedWeight, QuantizedWeight] | None,
+    tiles: TileConfig,
+) -> None:
+    """What this kernel cannot compute, beyond the contract's own checks."""
+    problems = []
+    if activation_mode != "bf16":
+        problems.append(f"activation_mode {activation_mode!r} has no kernel here; only 'bf16'")
+    weights = [w13, w2, *(shared or ())]
+    for w in weights:
+        if w.format not in WEIGHT_FORMATS:
+            problems.append(f"{w.name} is {w.format}; the kernel reads {list(WEIGHT_FORMATS)}")
+    if FP8_BLOCK % tiles.block_k and any(w.format != "bf16" for w in weights):
+        problems.append(f"block_k {tiles.block_k} must divide the fp8 scale tile {FP8_BLOCK}")
+    if any(w.device != x.device for w in weights) or ids.device != x.device:
+        problems.append("x, ids and every weight must be on one device")
+    if problems:
+        raise ValueError("moe.experts (triton): " + "; ".join(problems))
+
+
+def experts(
+    x: torch.Tensor,  # [T, D] bfloat16 (any float dtype; the output has the same)
+    w13: QuantizedWeight,  # [E, 2I, D], rows [0, I) gate, [I, 2I) up
+    w2: QuantizedWeight,  # [E, D, I]
+    ids: torch.Tensor,  # [T, k] int32/int64, -1 = slot not served here
+    weights: torch.Tensor,  # [T, k] float32
+    activation_mode: str = "bf16",
+    shared_experts: tuple[QuantizedWeight, QuantizedWeight] | None = None,  # [2Is, D], [D, Is]
+    tiles: TileConfig | None = None,
+) -> torch.Tensor:  # [T, D] x.dtype
+    """The contract of ``hwrun.ops.moe_experts.experts`` through the grouped kernels.
+
+    On CPU tensors (the interpreter) every argument is checked as the reference checks it; on
+    a GPU only the shapes are (checking id values would synchronise the host), and an id
+    outside -1..E-1 contributes nothing.
+    """
+    from hwrun.ops.moe_experts import _check_experts_args
+
+    if x.is_cuda:
+        if x.dim() != 2 or ids.shape != weights.shape or ids.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"moe.experts: x must be [T, D] and ids, weights [T, k], got {list(x.shape)}, "
+                f"{list(ids.shape)}, {list(weights.shape)}"
+            )
+        if w13.shape[0] != w2.shape[0] or w13.shape[2] != x.shape[1] or w2.shape[1] != x.shape[1]:
+            raise ValueError(
+                f"moe.experts: w13 must be [E, 2I, D] and w2 [E, D, I] with D = {x.shape[1]}, "
+                f"got {list(w13.shape)} and {list(w2.shape)}"
+            )
+    else:
+        _check_experts_args(x, w13, w2, ids, weights, activation_mode, shared_experts)
+    tokens, hidden = x.shape
+    top_k = ids.shape[1]
+    num_experts = w13.shape[0]
+    if tiles is None:
+        tiles = default_tiles(tokens * top_k, num_experts, x.is_cuda)
+    _check(x, w13, w2, ids, activation_mode, shared_experts, tiles)
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    if tokens == 0:
+        return out
+    prepare_launch()
+    xb = x.to(torch.bfloat16).contiguous()
+    flat_ids = ids.reshape(-1).to(torch.int32).contiguous()
+    routed = _swiglu_grouped(
+        xb,
+        w13,
+        w2,
+        align_by_expert(ids, num_experts, tiles.block_m),
+        weights.reshape(-1).float().contiguous(),
+        tokens * top_k,
+        top_k,
+        tiles,
+    )
+    shared = routed  # any float32 pointer when there are no shared experts
+    if shared_experts is not None:
+        shared_w13, shared_w2 = shared_experts
+        shared = _swiglu_grouped(
+            xb,
+            shared_w13,
+            shared_w2,
+            _every_token(tokens, tiles.block_m, x.device),
+            torch.ones(tokens, dtype=torch.float32, device=x.device),
+            tokens,
+            1,
+            tiles,
+        )
+    block_d = min(1024, triton.next_power_of_2(hidden))
+    _combine_kernel[(tokens, triton.cdiv(hidden, block_d))](
+        routed,
+        flat_ids,
+        shared,
+        out,
+        hidden,
+        num_experts,
+        top_k,
+        HAS_SHARED=shared_experts is not None,
+        BLOCK_D=block_d,
+    )
+    return out

@@ -1,0 +1,110 @@
+"""moe.experts Triton kernels against the reference (CPU interpreter, tiny shapes).
+
+Tolerance: the kernel multiplies the same bf16 GEMM inputs and accumulates in fp32, but in
+tiles, so its sums run in another order than the reference's per-token products. That can flip
+a bf16 rounding of the intermediate or of the output by one unit (2^-8 relative), so outputs
+are compared to 4 bf16 units of the reference (rtol 2^-6) plus an atol of 1e-3 of the output's
+scale for values near zero. In the interpreter the kernel computes in fp32 and usually lands
+exactly on the reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hwrun.kernels.triton.moe import TileConfig, align_by_expert, experts
+from hwrun.ops.moe_experts import experts as reference
+from hwrun.ops.quantized_weight import quantize_weight
+
+FORMATS = ["bf16", "fp8_block128", "fp8_block128_ue8m0"]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    scale = float(want.float().abs().amax()) if want.numel() else 1.0
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=1e-3 * scale)
+
+
+def _problem(g, fmt, tokens, experts_, hidden, inter, k, shared_inter=None, dtype=torch.bfloat16):
+    def weight(shape, name):
+        return quantize_weight(torch.randn(*shape, generator=g) * 0.1, fmt, name)
+
+    ids = torch.empty(tokens, k, dtype=torch.int32)
+    for t in range(tokens):
+        ids[t] = torch.randperm(experts_, generator=g)[:k]
+    shared = None
+    if shared_inter is not None:
+        shared = (weight((2 * shared_inter, hidden), "sw13"), weight((hidden, shared_inter), "sw2"))
+    return {
+        "x": torch.randn(tokens, hidden, generator=g).to(dtype),
+        "w13": weight((experts_, 2 * inter, hidden), "w13"),
+        "w2": weight((experts_, hidden, inter), "w2"),
+        "ids": ids,
+        "weights": torch.rand(tokens, k, generator=g),
+        "shared_experts": shared,
+    }
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_matches_reference_with_shared_experts_and_unserved_slots(fmt):
+    g = torch.Generator().manual_seed(11)
+    args = _problem(g, fmt, tokens=9, experts_=8, hidden=64, inter=32, k=3, shared_inter=48)
+    args["ids"][0, 1] = -1  # one slot served by another rank
+    args["ids"][4, :] = -1  # a token with no expert here: only the shared experts
+    args["ids"][args["ids"] == 5] = 4  # expert 5 empty; a token may now choose 4 twice
+    _close(experts(**args), reference(**args))
+
+
+def test_many_rows_per_expert_span_several_row_blocks():
+    g = torch.Generator().manual_seed(12)
+    args = _problem(g, "fp8_block128", tokens=40, experts_=4, hidden=64, inter=32, k=2)
+    tiles = TileConfig(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=1)
+    _close(experts(**args, tiles=tiles), reference(**args))
+
+
+def test_partial_scale_tiles_and_fp32_input():
+    # I = 80: gate rows [0, 80) and up rows [80, 160) cut the 128-row scale tiles unevenly;
+    # D = 160 ends in a partial K tile.
+    g = torch.Generator().manual_seed(13)
+    args = _problem(g, "fp8_block128", 5, 4, 160, 80, 2, dtype=torch.float32)
+    _close(experts(**args), reference(**args))
+
+
+@pytest.mark.parametrize("tokens", [0, 1])
+def test_zero_and_one_token(tokens):
+    g = torch.Generator().manual_seed(14)
+    args = _problem(g, "bf16", tokens, 8, 64, 32, 2, shared_inter=32)
+    got = experts(**args)
+    assert got.shape == (tokens, 64)
+    _close(got, reference(**args))
+
+
+def test_refuses_what_it_cannot_compute():
+    g = torch.Generator().manual_seed(15)
+    args = _problem(g, "bf16", 2, 4, 64, 32, 2)
+    with pytest.raises(ValueError, match="activation_mode 'a8w4'"):
+        experts(**args, activation_mode="a8w4")
+    args["w13"] = quantize_weight(torch.randn(4, 64, 64, generator=g), "mxfp4", "w13")
+    with pytest.raises(ValueError, match="w13 is mxfp4"):
+        experts(**args)
+
+
+def test_align_groups_every_served_slot_once():
+    g = torch.Generator().manual_seed(16)
+    ids = torch.randint(-1, 6, (37, 4), generator=g, dtype=torch.int32)
+    ids[3] = 9  # out of range: joins no run
+    layout = align_by_expert(ids, num_experts=6, block_m=8)
+    flat = ids.reshape(-1).long()
+    served = ((flat >= 0) & (flat < 6)).nonzero().flatten()
+    slots = layout.sorted_slots.long()
+    assert sorted(slots[slots >= 0].tolist()) == served.tolist()
+    assert layout.num_blocks * 8 == slots.numel()
+    blocks = slots.reshape(layout.num_blocks, 8)
+    for block, expert in zip(blocks, layout.block_expert.tolist(), strict=True):
+        rows = block[block >= 0]
+        if expert < 0:
+            assert rows.numel() == 0  # past the last run
+        else:
+            assert rows.numel() and (flat[rows] == expert).all()
+            assert torch.equal(rows, rows.sort().values)  # flat order kept inside a run
