@@ -7,19 +7,21 @@ others in one step.
 
 Tolerances, and why:
 
+Errors are measured per row, relative to the row's largest |logit| (random tiny models have
+logits of magnitude 1-3, the trained default model up to ~16).
+
 - Against transformers' fp32 forward *with hwrun's storage roundings* (the bf16 latent and
   index-key caches, the bf16 GEMM inputs the ``moe.experts`` contract defines; see
   ``tiny_checkpoints.StorageRounding``), both sides compute the same values in fp32 and differ
   in summation order only (absorbed vs expanded MLA, per-head vs fused products): ~1e-7
   relative. That is not the whole story: where this noise straddles a bf16 rounding boundary a
   stored value differs by one bf16 ulp (2^-8 relative), and every later row attending to it
-  moves. Measured on these models (logits of magnitude 1-3): most rows differ by 1e-6 to 1e-4,
-  the median row by < 3e-4, the worst by 6e-3. We require the median row within
-  ``MEDIAN_TOL`` = 1e-3 and every row within ``LOOSE`` = 2e-2.
+  moves. Measured: median row 1e-4 to 7e-4, worst row 4e-3 to 6e-3. We require the median row
+  within ``MEDIAN_REL`` = 2e-3 and every row within ``ROW_REL`` = 1e-2.
 - Against transformers' plain fp32 forward, hwrun's bf16 storage rounds every stored value
   (2^-9 relative, 8 significant bits), and the layers amplify it: measured up to 0.9% of a row's
-  largest logit. Every row must be within ``PLAIN_REL`` = 2% of its largest |logit| (checked
-  with dense top-k, where a rounding cannot change which keys are attended).
+  largest logit. Every row must be within ``PLAIN_REL`` = 2% (checked with dense top-k, where a
+  rounding cannot change which keys are attended).
 
 The negative control shifts every row's best DSA position by one and must fail these checks.
 """
@@ -36,9 +38,9 @@ from hwrun.engine.config import EngineConfig
 from hwrun.engine.model_runner import build_model_runner
 from tests.engine.tiny_checkpoints import build_tiny_model, oracle_logits
 
-MEDIAN_TOL = 1e-3
-LOOSE = 2e-2
-PLAIN_REL = 0.02
+MEDIAN_REL = 2e-3
+ROW_REL = 1e-2
+PLAIN_REL = 2e-2
 PROMPT = 70  # > one 64-token block
 SPLIT = (0, 25, 60)  # chunk starts; decode steps from 60 cross the block boundary at 64
 BLOCKS = [5, 2]  # a non-contiguous block table
@@ -82,14 +84,15 @@ def tiny(request, tmp_path_factory):
 
 
 def _row_errors(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:  # [rows]
+    """Each row's largest |difference|, relative to the row's largest |logit|."""
     assert got.shape == want.shape
-    return (got - want).abs().amax(dim=-1)
+    return (got - want).abs().amax(dim=-1) / want.abs().amax(dim=-1)
 
 
 def assert_close_to_oracle(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     errors = _row_errors(got, want)
-    assert errors.max().item() < LOOSE, f"{what}: row errors {errors.tolist()}"
-    assert errors.median().item() < MEDIAN_TOL, f"{what}: row errors {errors.tolist()}"
+    assert errors.max().item() < ROW_REL, f"{what}: relative row errors {errors.tolist()}"
+    assert errors.median().item() < MEDIAN_REL, f"{what}: relative row errors {errors.tolist()}"
 
 
 def _chunked_then_decode(runner, tokens: list[int], blocks: list[int], seq_id: int = 0):
@@ -109,7 +112,7 @@ def test_one_chunk_prefill_matches_transformers(tiny):
     assert_close_to_oracle(got, oracle_logits(model, prompt, storage_rounding=True), name)
     if model.config.index_topk >= len(prompt):
         plain = oracle_logits(model, prompt, storage_rounding=False)
-        relative = _row_errors(got, plain) / plain.abs().amax(dim=-1)
+        relative = _row_errors(got, plain)
         assert relative.max().item() < PLAIN_REL, f"{name}: {relative.tolist()}"
 
 
@@ -161,3 +164,47 @@ def test_a_wrong_selection_is_caught(tiny):
         runner.model.ops._fns["indexer.topk"] = original
     with pytest.raises(AssertionError):
         assert_close_to_oracle(got.logits, oracle_logits(model, prompt, True), name)
+
+
+SHIPPED_PROMPT = '''def fibonacci(n):
+    """Return the n-th Fibonacci number."""
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+class Stack:
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+'''
+
+
+def test_the_shipped_default_model_matches_transformers():
+    """The embedded default model (index_topk 64 of a 512 context) through the same checks."""
+    from transformers import AutoTokenizer, DeepseekV32ForCausalLM
+
+    from hwrun.engine.config import default_model_dir
+    from tests.engine.tiny_checkpoints import TinyModel
+
+    path = default_model_dir()
+    oracle = DeepseekV32ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    oracle.config._attn_implementation = "eager"
+    model = TinyModel(path, oracle, oracle.config)
+    prompt = AutoTokenizer.from_pretrained(path)(SHIPPED_PROMPT)["input_ids"]
+    assert len(prompt) > oracle.config.index_topk  # the attention really is sparse here
+    runner = build_model_runner(EngineConfig(platform="reference", num_kv_tokens=8 * 64))
+    one_chunk = runner.execute([ScheduledChunk(0, prompt, 0, BLOCKS, True, all_logits=True)])
+    want = oracle_logits(model, prompt, storage_rounding=True)
+    assert_close_to_oracle(one_chunk[0].logits, want, "default model, one chunk")
+    middle = len(prompt) // 2
+    first = runner.execute([ScheduledChunk(0, prompt[:middle], 0, [3, 6], False)])
+    assert first[0].logits is None
+    decoded = [
+        runner.execute([ScheduledChunk(0, prompt[p : p + 1], p, [3, 6], True)])[0].logits
+        for p in range(middle, len(prompt))
+    ]
+    assert_close_to_oracle(torch.cat(decoded), want[middle:], "default model, decode")

@@ -1,7 +1,10 @@
 """A DeepseekV32 checkpoint's tensors, loaded into the shapes the engine's graph uses.
 
-Names follow DeepSeek's Hugging Face checkpoints (what transformers saves, too): per-expert
-``mlp.experts.{e}.{gate,up,down}_proj``, ``mlp.gate`` the router, ``self_attn.indexer.*``.
+Names follow DeepSeek's Hugging Face checkpoints (what transformers' ``save_pretrained`` writes,
+too): per-expert ``mlp.experts.{e}.{gate,up,down}_proj``, ``mlp.gate`` the router,
+``self_attn.indexer.*``. transformers 5's in-memory layout, fused ``mlp.experts.gate_up_proj``
+``[E, 2I, D]`` and ``mlp.experts.down_proj`` ``[E, D, I]`` (what a raw ``state_dict`` holds), is
+read as well.
 A weight stored as FP8 E4M3 with a sibling ``weight_scale_inv`` (fp32, one per 128x128 tile) is
 block-FP8 as DeepSeek ships it: ``w = fp8 * scale_inv`` tile by tile.
 
@@ -184,6 +187,13 @@ class _Loader:
         data = torch.cat([self.checkpoint.read(n, self.device) for n in names])
         return QuantizedWeight("bf16", tuple(data.shape), data.to(torch.bfloat16), name=label)
 
+    def fused_experts(self, name: str) -> QuantizedWeight:
+        """A fused ``[E, R, C]`` expert tensor (transformers 5's layout), as bf16."""
+        if self.is_fp8(name):
+            raise CheckpointError(f"{name}: fused FP8 experts (without per-expert scales) unknown")
+        data = self.checkpoint.read(name, self.device).to(torch.bfloat16)
+        return QuantizedWeight("bf16", tuple(data.shape), data, name=name)
+
     def experts(self, names: list[list[str]], label: str) -> QuantizedWeight:
         """Per-expert weights ``names[e]`` stacked into one ``[E, R, C]`` QuantizedWeight."""
         per_expert = [self.quantized(parts, f"{label}[{e}]") for e, parts in enumerate(names)]
@@ -195,7 +205,11 @@ class _Loader:
         )
 
 
-def _expected(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+def _fused_experts(checkpoint: SafetensorsCheckpoint, layer: int) -> bool:
+    return f"model.layers.{layer}.mlp.experts.gate_up_proj" in checkpoint
+
+
+def _expected(config: ModelConfig, checkpoint: SafetensorsCheckpoint) -> dict[str, tuple[int, ...]]:
     """Every tensor name the graph reads, with its logical shape."""
     c = config
     hidden, heads = c.hidden_size, c.num_heads
@@ -235,7 +249,10 @@ def _expected(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             continue
         inter = c.moe_intermediate_size
         shapes[m + "gate.weight"] = (c.n_routed_experts, hidden)
-        for e in range(c.n_routed_experts):
+        if _fused_experts(checkpoint, i):
+            shapes[m + "experts.gate_up_proj"] = (c.n_routed_experts, 2 * inter, hidden)
+            shapes[m + "experts.down_proj"] = (c.n_routed_experts, hidden, inter)
+        for e in range(0 if _fused_experts(checkpoint, i) else c.n_routed_experts):
             shapes |= {
                 f"{m}experts.{e}.gate_proj.weight": (inter, hidden),
                 f"{m}experts.{e}.up_proj.weight": (inter, hidden),
@@ -259,7 +276,7 @@ def load_weights(
     :raises CheckpointError: listing every missing or mis-shaped tensor, before reading data.
     """
     loader = _Loader(Path(path), config, torch.device(device), dtype)
-    expected = _expected(config)
+    expected = _expected(config, loader.checkpoint)
     for name, shape in expected.items():
         loader.expect(name, shape)
     fp8_experts = [n for n in expected if ".experts." in n and loader.checkpoint.entries.get(n)]
@@ -340,14 +357,18 @@ def _load_layer(loader: _Loader, index: int) -> LayerWeights:
             correction_bias=(
                 loader.dense(bias_name, torch.float32) if bias_name in loader.checkpoint else None
             ),
-            w13=loader.experts(
+            w13=loader.fused_experts(m + "experts.gate_up_proj")
+            if _fused_experts(loader.checkpoint, index)
+            else loader.experts(
                 [
                     [f"{m}experts.{e}.gate_proj.weight", f"{m}experts.{e}.up_proj.weight"]
                     for e in experts
                 ],
                 m + "w13",
             ),
-            w2=loader.experts([[f"{m}experts.{e}.down_proj.weight"] for e in experts], m + "w2"),
+            w2=loader.fused_experts(m + "experts.down_proj")
+            if _fused_experts(loader.checkpoint, index)
+            else loader.experts([[f"{m}experts.{e}.down_proj.weight"] for e in experts], m + "w2"),
             shared=shared,
         )
     return LayerWeights(
