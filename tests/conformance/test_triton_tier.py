@@ -17,6 +17,8 @@ TRITON_OPS = {
     "indexer.logits_ragged",
     "indexer.topk",
     "sparse_mla.decode",
+    "sparse_mla.prefill",
+    "moe.experts",
     "attn.lse_combine",
     "kv.write_latent",
     "kv.write_index_keys",

@@ -26,6 +26,7 @@ from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_rea
 if TYPE_CHECKING:
     import torch
 
+    from hwrun.ops.quantized_weight import QuantizedWeight
     from hwrun.target import Target
 
 TRITON_PRIORITY = 10  # under vendor-library adapters (20), over nothing: the portable floor
@@ -33,6 +34,7 @@ INDEX_KEY_FORMATS = ("fp8", "mxfp4")
 QUERY_DTYPES = ("float8_e4m3fn", "bfloat16", "float16", "float32")
 LATENT_FORMATS_DECODE = ("fp8_ds_mla", "bf16")
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
+EXPERT_WEIGHT_FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0")
 
 
 def _never(spec: OpSpec) -> bool:
@@ -202,6 +204,33 @@ def _decode(
     return decode(q, cache, fmt, slots, softmax_scale, topk_length, attn_sink, latent_scale)
 
 
+def _prefill(
+    q: torch.Tensor,  # [T, H, 576] bfloat16
+    kv: torch.Tensor,  # [S, 576] bfloat16 / float32 workspace
+    indices: torch.Tensor,  # [T, k] int32, -1 invalid
+    softmax_scale: float,
+    topk_length: torch.Tensor | None = None,  # [T] int32
+    attn_sink: torch.Tensor | None = None,  # [H] float32
+) -> tuple[torch.Tensor, torch.Tensor]:  # out [T, H, 512], lse [T, H] float32
+    from hwrun.kernels.triton.sparse_mla import prefill
+
+    return prefill(q, kv, indices, softmax_scale, topk_length, attn_sink)
+
+
+def _experts(
+    x: torch.Tensor,  # [T, D]
+    w13: QuantizedWeight,  # [E, 2I, D]
+    w2: QuantizedWeight,  # [E, D, I]
+    ids: torch.Tensor,  # [T, k] int, -1 = not served here
+    weights: torch.Tensor,  # [T, k] float32
+    activation_mode: str = "bf16",
+    shared_experts: tuple[QuantizedWeight, QuantizedWeight] | None = None,
+) -> torch.Tensor:  # [T, D] x.dtype
+    from hwrun.kernels.triton.moe import experts
+
+    return experts(x, w13, w2, ids, weights, activation_mode, shared_experts)
+
+
 def _lse_combine(
     outs: torch.Tensor,  # [W, ..., D]
     lses: torch.Tensor,  # [W, ...] float32
@@ -260,6 +289,30 @@ def _decode_limits(spec: OpSpec) -> list[str]:
     return reasons
 
 
+def _prefill_limits(spec: OpSpec) -> list[str]:
+    # q is multiplied in bf16 on the matrix units: an fp32 query would lose its low bits.
+    reasons = dtype_reasons(spec, ("bfloat16", "float16"), "query")
+    if spec.head_dim not in (None, 576):
+        reasons.append(f"head_dim must be 576 (absorbed MLA), got {spec.head_dim}")
+    return reasons
+
+
+def _experts_limits(spec: OpSpec) -> list[str]:
+    weight_format, *modes = spec.formats or (None,)
+    reasons = dtype_reasons(spec, INPUT_DTYPES, "input")
+    if weight_format is not None and weight_format not in EXPERT_WEIGHT_FORMATS:
+        reasons.append(
+            f"expert weight format {weight_format!r} has no kernel here (no in-kernel decode "
+            f"of its codes yet); supported: {list(EXPERT_WEIGHT_FORMATS)}"
+        )
+    if any(mode != "bf16" for mode in modes):
+        reasons.append(
+            f"activation mode(s) {[m for m in modes if m != 'bf16']} not supported here: the "
+            "kernel multiplies bf16 activations only ('bf16')"
+        )
+    return reasons
+
+
 def _lse_combine_limits(spec: OpSpec) -> list[str]:
     return dtype_reasons(spec, ("float32", "bfloat16", "float16"), "outs")
 
@@ -287,6 +340,10 @@ def _always(spec: OpSpec) -> bool:
 
 def _fp8_latent(spec: OpSpec) -> bool:
     return "fp8_ds_mla" in spec.formats
+
+
+def _fp8_weights(spec: OpSpec) -> bool:
+    return bool(spec.formats) and spec.formats[0].startswith("fp8_block128")
 
 
 FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
@@ -328,6 +385,28 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
             reads_e4m3fn=_fp8_latent,
             # At small batch the top-k list is split into parts (how many depends on the rows),
             # merged by lse_combine: the rounding changes with the batch.
+            batch_invariant=False,
+        ),
+        TritonKernel(
+            "sparse_mla.prefill",
+            _prefill,
+            _prefill_limits,
+            "the decode kernel over the gathered bf16 / fp32 workspace, top-k never split",
+        ),
+    ),
+    "moe": (
+        TritonKernel(
+            "moe.experts",
+            _experts,
+            _experts_limits,
+            "tokens grouped by expert, gate/up + SiLU-mul and down GEMMs, fp8 block-128 codes "
+            "decoded in the kernel",
+            # ue8m0 scales are served but not claimed: the quick conformance suite has no case
+            # in that format, and a claim no case exercises is an audit failure.
+            ("bf16", "fp8_block128"),
+            reads_e4m3fn=_fp8_weights,
+            # Tokens that chose one expert share a GEMM tile: the summation order (and so the
+            # rounding) depends on which other tokens are in the batch.
             batch_invariant=False,
         ),
     ),
