@@ -24,7 +24,7 @@ from hwrun.errors import HwrunError
 from hwrun.plugins import load_plugins
 from hwrun_conformance.known_failures import KNOWN_FAILURES, load_known_failures
 from hwrun_conformance.metadata import run_metadata
-from hwrun_conformance.report import STYLE, summary_table, verdict_line, verdicts, write_reports
+from hwrun_conformance.report import STYLE, summary_tables, verdict_line, verdicts, write_reports
 from hwrun_conformance.result import Result
 from hwrun_conformance.runner import Plan, RunOptions, run, unusable_plugins
 from hwrun_conformance.status import DEFAULT_TIMEOUT_S, Status
@@ -202,8 +202,8 @@ def _print(
     fuzz: dict[str, Any] | None,
     platform_name: str | None,
 ) -> None:
-    if results:
-        out.print(summary_table(results))
+    for table in summary_tables(results, width=out.width):
+        out.print(table)
     for result in results:
         if result.status not in {Status.PASS, Status.NOT_SUPPORTED}:
             style = STYLE[result.status]

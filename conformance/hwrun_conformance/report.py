@@ -192,35 +192,64 @@ def junit(results: list[Result], metadata: dict[str, Any] | None = None) -> ET.E
     return root
 
 
-def summary_table(results: list[Result]) -> Table:
-    """The op x platform matrix for an 80-column console: compact cells ("FAIL 2/14": the worst
-    status, how many rows have it, of how many), wrapped rather than cut. Verdicts are printed
-    as lines below it (:func:`verdicts`), where they have room."""
+def summary_tables(results: list[Result], width: int = 80) -> list[Table]:
+    """The op x platform matrix for a ``width``-column console: compact cells ("FAIL 2/14":
+    the worst status, how many rows have it, of how many), split into several tables of fewer
+    platforms when one would not fit, so no op name or cell is folded or cut. Verdicts are
+    printed as lines below them (:func:`verdicts`), where they have room."""
     platforms = platforms_of(results)
+    ops = ops_of(results)
+    grouped: dict[tuple[str, str], list[Result]] = defaultdict(list)
+    for result in results:
+        grouped[(result.op, result.platform)].append(result)
+    cells = {key: _cell_text(rows) for key, rows in grouped.items()}
+    op_width = max([len("op"), *map(len, ops)])
+    tables: list[Table] = []
+    chunk: list[str] = []
+    edges = 3  # the table's outer spaces and the op column's padding
+    used = op_width + edges
+    for platform in platforms:
+        column = max([len(platform), *(len(cells.get((op, platform), "-")) for op in ops)])
+        if chunk and used + 2 + column > width:  # separator and padding: 2 per column
+            tables.append(_table(chunk, ops, grouped))
+            chunk, used = [], op_width + edges
+        chunk.append(platform)
+        used += 2 + column
+    if chunk:
+        tables.append(_table(chunk, ops, grouped))
+    return tables
+
+
+def _table(
+    platforms: list[str], ops: list[str], grouped: dict[tuple[str, str], list[Result]]
+) -> Table:
     table = Table(
         title="hwrun conformance (n/s = not supported, T/O = timeout)",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
-        collapse_padding=True,
+        padding=(0, 1, 0, 0),
     )
-    table.add_column("op", overflow="fold")
+    table.add_column("op", no_wrap=True)
     for platform in platforms:
-        table.add_column(platform, overflow="fold")
-    grouped: dict[tuple[str, str], list[Result]] = defaultdict(list)
-    for result in results:
-        grouped[(result.op, result.platform)].append(result)
-    for op in ops_of(results):
+        table.add_column(platform, no_wrap=True)
+    for op in ops:
         table.add_row(op, *[_styled(grouped[(op, p)]) for p in platforms])
     return table
+
+
+def _cell_text(results: list[Result]) -> str:
+    if not results:
+        return "-"
+    worst = next(s for s in _SEVERITY if any(r.status == s for r in results))
+    count = sum(r.status == worst for r in results)
+    return f"{SHORT[worst]} {count}" + (f"/{len(results)}" if count < len(results) else "")
 
 
 def _styled(results: list[Result]) -> str:
     if not results:
         return "-"
     worst = next(s for s in _SEVERITY if any(r.status == s for r in results))
-    count = sum(r.status == worst for r in results)
-    text = f"{SHORT[worst]} {count}" + (f"/{len(results)}" if count < len(results) else "")
-    return f"[{STYLE[worst]}]{text}[/{STYLE[worst]}]"
+    return f"[{STYLE[worst]}]{_cell_text(results)}[/{STYLE[worst]}]"
 
 
 VERDICT_STYLE = {CONFORMS: "green", NOTHING_RUN: "yellow"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -132,3 +133,28 @@ def test_quality_target_between_pass_and_fail() -> None:
     assert status(0.0) == Status.PASS
     assert status(0.7e-4) == Status.QUALITY_WARNING
     assert status(2e-4) == Status.FAIL
+
+
+def test_format_audit_judges_only_formats_of_the_selected_ops() -> None:
+    from hwrun.platform import Capabilities
+    from hwrun.plugins import load_plugins
+    from hwrun_conformance.audit import audit
+
+    plugins = load_plugins([])
+    claims = Capabilities(ops=frozenset({"sparse_mla.decode"}), formats=frozenset({"fp8", "bf16"}))
+    ran = Result("reference", "sparse_mla.decode", "bf16_h16", Status.PASS, impl="reference")
+    ran = replace(ran, formats=("bf16",))
+    # --ops 'sparse_mla.*': no selected case uses the index-key format fp8, so it is not judged.
+    rows = audit(plugins, "reference", claims, [ran], "sparse_mla.*")
+    assert {r.case: r.status for r in rows if r.case.startswith("formats:")} == {
+        "formats:bf16": Status.PASS
+    }
+    # A selected case in fp8 that no impl ran: the claim is not borne out.
+    refused = Result("reference", "kv.write_index_keys", "fp8_small", Status.NOT_SUPPORTED)
+    refused = replace(refused, formats=("fp8",), refusals=(("fast", "needs a GPU"),))
+    rows = audit(plugins, "reference", claims, [ran, refused], "*")
+    fp8 = next(r for r in rows if r.case == "formats:fp8")
+    assert fp8.status == Status.FAIL and "no implemented op runs a case in it" in fp8.reason
+    # The same case of an op the platform does not implement says nothing about the claim.
+    rows = audit(plugins, "reference", claims, [ran, replace(refused, refusals=())], "*")
+    assert "formats:fp8" not in {r.case for r in rows}
