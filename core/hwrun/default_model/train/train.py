@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+import transformers
 from safetensors.torch import save_file
 from transformers import DeepseekV32ForCausalLM
 
@@ -292,6 +293,10 @@ def save_weights(model, out: Path) -> list[str]:
     return files
 
 
+def write_log(out: Path, log: dict) -> None:
+    (out / "log.json").write_text(json.dumps(log, indent=1, default=str))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True, help="train_tokenizer's output folder")
@@ -321,8 +326,6 @@ def main() -> None:
     log = train(model, train_tokens, heldout, opts)
     log["train_wall_s"] = round(time.monotonic() - wall, 1)
     log["weights"] = save_weights(model, args.out)  # first, so a later failure loses nothing
-    import transformers
-
     log.update(
         options=asdict(opts),
         params=params,
@@ -331,19 +334,18 @@ def main() -> None:
         versions={"torch": torch.__version__, "transformers": transformers.__version__},
         device=torch.cuda.get_device_name() if opts.device == "cuda" else opts.device,
     )
-    write_log = lambda: (args.out / "log.json").write_text(json.dumps(log, indent=1, default=str))  # noqa: E731
-    write_log()
+    write_log(args.out, log)
     model.eval()
     log["sample"] = greedy_sample(
         model, args.data / "tokenizer.json", "def fibonacci(n):", 64, opts.device
     )
     print(json.dumps(log["sample"]), flush=True)
-    write_log()
+    write_log(args.out, log)
     torch.backends.cuda.matmul.allow_tf32 = False
     log["check_against_transformers_fp32_max_abs_logit_diff"] = check_against_transformers(
         model, heldout[:2], opts.device
     )
-    write_log()
+    write_log(args.out, log)
     print(
         json.dumps(
             {k: log[k] for k in ("phases", "check_against_transformers_fp32_max_abs_logit_diff")}
