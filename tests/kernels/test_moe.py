@@ -46,10 +46,18 @@ def _problem(g, fmt, tokens, experts_, hidden, inter, k, shared_inter=None, dtyp
     }
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_matches_reference_with_shared_experts_and_unserved_slots(fmt):
+@pytest.mark.parametrize(
+    "fmt,shared_inter",
+    [
+        ("bf16", 48),  # shared experts wider than the routed: launches of their own
+        ("fp8_block128", 48),
+        ("fp8_block128_ue8m0", 48),
+        ("fp8_block128", 32),  # same width and format: group E of the routed launch
+    ],
+)
+def test_matches_reference_with_shared_experts_and_unserved_slots(fmt, shared_inter):
     g = torch.Generator().manual_seed(11)
-    args = _problem(g, fmt, tokens=9, experts_=8, hidden=64, inter=32, k=3, shared_inter=48)
+    args = _problem(g, fmt, 9, 8, 64, 32, 3, shared_inter=shared_inter)
     args["ids"][0, 1] = -1  # one slot served by another rank
     args["ids"][4, :] = -1  # a token with no expert here: only the shared experts
     args["ids"][args["ids"] == 5] = 4  # expert 5 empty; a token may now choose 4 twice
@@ -90,21 +98,25 @@ def test_refuses_what_it_cannot_compute():
         experts(**args)
 
 
-def test_align_groups_every_served_slot_once():
+@pytest.mark.parametrize("with_shared", [False, True])
+def test_align_groups_every_served_slot_once(with_shared):
     g = torch.Generator().manual_seed(16)
-    ids = torch.randint(-1, 6, (37, 4), generator=g, dtype=torch.int32)
+    tokens, k, num_experts, block_m = 70, 4, 6, 8  # 280 slots: more than one 256-slot chunk
+    ids = torch.randint(-1, num_experts, (tokens, k), generator=g, dtype=torch.int32)
     ids[3] = 9  # out of range: joins no run
-    layout = align_by_expert(ids, num_experts=6, block_m=8)
-    flat = ids.reshape(-1).long()
-    served = ((flat >= 0) & (flat < 6)).nonzero().flatten()
+    layout = align_by_expert(ids, num_experts, block_m, with_shared)
+    group = ids.reshape(-1).long()
+    if with_shared:  # slot N + t is token t's shared slot, group E
+        group = torch.cat([group, torch.full((tokens,), num_experts)])
+    served = ((group >= 0) & (group < num_experts + with_shared)).nonzero().flatten()
     slots = layout.sorted_slots.long()
     assert sorted(slots[slots >= 0].tolist()) == served.tolist()
-    assert layout.num_blocks * 8 == slots.numel()
-    blocks = slots.reshape(layout.num_blocks, 8)
+    assert layout.num_blocks * block_m == slots.numel()
+    blocks = slots.reshape(layout.num_blocks, block_m)
     for block, expert in zip(blocks, layout.block_expert.tolist(), strict=True):
         rows = block[block >= 0]
         if expert < 0:
             assert rows.numel() == 0  # past the last run
         else:
-            assert rows.numel() and (flat[rows] == expert).all()
+            assert rows.numel() and (group[rows] == expert).all()
             assert torch.equal(rows, rows.sort().values)  # flat order kept inside a run

@@ -1,25 +1,26 @@
 """moe.experts: a fused MoE over tokens grouped by expert, bf16 and fp8 block-128 weights.
 
-Four steps, none of which reads a device value on the host (no ``.item()``, ``.tolist()`` or
-``torch.unique``), so a decode step that calls it can be captured in a CUDA graph:
+Four launches, none of which needs a device value on the host (no ``.item()``, ``.tolist()``
+or ``torch.unique``), so a decode step that calls it can be captured in a CUDA graph:
 
-1. ``align_by_expert`` (torch): the ``T * k`` (token, slot) pairs sorted by expert id, each
-   expert's run padded to a multiple of ``BLOCK_M`` rows, and the expert of every row block.
-   The number of blocks is bounded by the shapes alone (``(N + min(E, N) * (BLOCK_M - 1)) //
-   BLOCK_M`` for ``N = T * k`` slots); blocks past the last expert's run exit at once.
+1. ``_align_kernel``: the ``N = T * k`` slots grouped by expert id, each expert's run padded
+   to a multiple of ``BLOCK_M`` rows, and the expert of every row block. The number of blocks
+   is bounded by the shapes alone (each nonempty run wastes at most ``BLOCK_M - 1`` rows);
+   blocks past the last run exit at once. The shared experts are one more group, E, holding
+   one slot per token (slot ``N + t``), so they ride in the same launches as the routed ones.
 2. ``_gate_up_kernel``: per (row block, I tile), ``x @ W13_e^T`` for the gate and the up rows
    together, then ``silu(gate) * up`` rounded to bf16 (the contract's activation rounding).
-3. ``_down_kernel``: per (row block, D tile), ``h @ W2_e^T`` times the slot's routing weight,
-   written to the slot's own fp32 row (no atomics: each output element is written once).
-4. ``_combine_kernel``: per token, its k slot rows summed in slot order in fp32, plus the
-   shared experts' row, rounded once to ``x``'s dtype.
+3. ``_down_kernel``: per (row block, D tile), ``h @ W2_e^T`` times the slot's routing weight
+   (1 for a shared slot), written to the slot's own fp32 row: no atomics, each element once.
+4. ``_combine_kernel``: per token, its k slot rows summed in slot order in fp32, plus its
+   shared row, rounded once to ``x``'s dtype.
 
 Weights: ``bf16``, or ``fp8_block128`` / ``fp8_block128_ue8m0`` e4m3 codes decoded in the
 kernel. A K step never crosses a 128-wide scale tile, so the codes (exact in bf16) go through
 the matrix units as they are and each K step's partial product is multiplied by its tile's
 scale (per output row: gate and up rows may sit in different tiles): the same sum as the
-decoded weights', in another order. The shared experts run through the same two kernels as a
-single expert that every token chose with weight 1.
+decoded weights', in another order. Shared experts of another format or width than the routed
+ones run through the same kernels in launches of their own.
 
 Numerics against the reference (``hwrun.ops.moe_experts``): the GEMM inputs are the same bf16
 values and the products accumulate in fp32, but in tiles rather than one token at a time, so
@@ -75,76 +76,145 @@ def default_tiles(num_slots: int, num_experts: int, on_gpu: bool) -> TileConfig:
 
 @dataclass(frozen=True)
 class ExpertLayout:
-    """Slots grouped by expert: what the GEMM kernels walk."""
+    """Slots grouped by expert: what the GEMM kernels walk.
 
-    sorted_slots: torch.Tensor  # [P] int32 flat slot t*k + j, -1 on padding rows
-    block_expert: torch.Tensor  # [P / BLOCK_M] int32 expert of each row block, -1 past the end
+    Slot ``s < N`` is routed slot ``s = t * k + j``; slot ``N + t`` is token t's shared-expert
+    slot, in group ``E`` (after the routed experts) when the layout has one.
+    """
+
+    sorted_slots: torch.Tensor  # [P] int32 slot of each row, -1 on padding rows
+    block_expert: torch.Tensor  # [P / BLOCK_M] int32 group of each row block, -1 past the end
     num_blocks: int
+    routed_slots: int  # N = T * k
+
+
+@triton.jit
+def _align_kernel(
+    ids_ptr,  # [N] int32 expert of each routed slot
+    sorted_ptr,  # [P] int32 out
+    block_expert_ptr,  # [P / BLOCK_M] int32 out
+    N,
+    T,
+    E,
+    num_groups,  # E, or E + 1 with the shared group
+    num_blocks,
+    HAS_SHARED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BINS: tl.constexpr,  # a power of two >= E + 2: bins 0..E for the groups, the last unserved
+    CHUNK: tl.constexpr,
+):
+    """Program g < num_groups writes group g's run (its slots in flat order, then -1 padding)
+    and its blocks' group; the last program marks the blocks after every run. Each program
+    counts every group itself (a histogram of all ids), so one launch needs no grid sync."""
+    g = tl.program_id(0)
+    bins = tl.arange(0, BINS)
+    counts = tl.zeros((BINS,), tl.int32)
+    for start in range(0, N, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        e = tl.load(ids_ptr + offs, mask=offs < N, other=-1)
+        counts += tl.histogram(tl.where((e >= 0) & (e < E), e, BINS - 1), BINS)
+    counts = tl.where(bins < E, counts, 0)
+    if HAS_SHARED:
+        counts = tl.where(bins == E, T, counts)
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    block_end = tl.cumsum(blocks, 0)
+    mine = bins == g
+    count = tl.sum(tl.where(mine, counts, 0), 0)
+    end = tl.sum(tl.where(mine, block_end, 0), 0)
+    first = end - tl.sum(tl.where(mine, blocks, 0), 0)
+    if g < E:
+        rank = g * 0  # an int32 scalar, the slots of this group placed so far
+        for start in range(0, N, CHUNK):
+            offs = start + tl.arange(0, CHUNK)
+            hit = tl.load(ids_ptr + offs, mask=offs < N, other=-1) == g
+            position = rank + tl.cumsum(hit.to(tl.int32), 0) - 1
+            tl.store(sorted_ptr + first * BLOCK_M + position, offs, mask=hit)
+            rank += tl.sum(hit.to(tl.int32), 0)
+    if HAS_SHARED:  # noqa: SIM102 (a constexpr test apart from the runtime one, for Triton's jit)
+        if g == E:
+            for start in range(0, T, CHUNK):
+                offs = start + tl.arange(0, CHUNK)
+                tl.store(sorted_ptr + first * BLOCK_M + offs, N + offs, mask=offs < T)
+    if g < num_groups:
+        pad = first * BLOCK_M + count + tl.arange(0, BLOCK_M)
+        tl.store(sorted_ptr + pad, -1, mask=pad < end * BLOCK_M)
+        for b in range(first, end, CHUNK):
+            ours = b + tl.arange(0, CHUNK)
+            tl.store(block_expert_ptr + ours, g + tl.zeros_like(ours), mask=ours < end)
+    else:
+        total = tl.max(block_end, 0)
+        for b in range(total, num_blocks, CHUNK):
+            after = b + tl.arange(0, CHUNK)
+            tl.store(block_expert_ptr + after, -1 + tl.zeros_like(after), mask=after < num_blocks)
+        for r in range(total * BLOCK_M, num_blocks * BLOCK_M, CHUNK):
+            after = r + tl.arange(0, CHUNK)
+            tl.store(
+                sorted_ptr + after, -1 + tl.zeros_like(after), mask=after < num_blocks * BLOCK_M
+            )
 
 
 def align_by_expert(
     ids: torch.Tensor,  # [T, k] int expert ids, -1 = not served here
     num_experts: int,
     block_m: int,
+    with_shared: bool = False,
 ) -> ExpertLayout:
-    """Sort the slots by expert and pad each expert's run to ``block_m`` rows, on the device.
+    """Group the slots by expert, each run padded to ``block_m`` rows, in one launch.
 
     An id outside ``0..E-1`` joins no run (the GPU path cannot raise on a value without reading
-    it on the host). Slots of one expert keep their flat order.
+    it on the host). Slots of one expert keep their flat order. ``with_shared`` adds group E:
+    one slot per token for the shared experts. The number of blocks is bounded by the shapes:
+    each nonempty run wastes at most ``block_m - 1`` rows.
     """
+    tokens = ids.shape[0]
     slots = ids.numel()
-    bucket = ids.reshape(-1).long()
-    bucket = torch.where((bucket >= 0) & (bucket < num_experts), bucket, num_experts)
-    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=ids.device)
-    counts.scatter_add_(0, bucket, torch.ones_like(bucket))
-    blocks = (counts[:num_experts] + block_m - 1) // block_m
-    block_end = torch.cumsum(blocks, 0)
     num_blocks = (slots + min(num_experts, slots) * (block_m - 1)) // block_m
-    rows = num_blocks * block_m
-    order = torch.argsort(bucket, stable=True)
-    sorted_bucket = bucket[order]
-    run_start = torch.cumsum(counts, 0) - counts  # first position of each bucket in `order`
-    rank = torch.arange(slots, device=ids.device) - run_start[sorted_bucket]
-    first_row = (block_end - blocks) * block_m
-    served = sorted_bucket < num_experts
-    row = torch.where(served, first_row[sorted_bucket.clamp(max=num_experts - 1)] + rank, rows)
-    sorted_slots = torch.full((rows + 1,), -1, dtype=torch.int32, device=ids.device)
-    sorted_slots[row] = order.to(torch.int32)  # unserved slots all land on the dropped row
-    block_index = torch.arange(num_blocks, device=ids.device)
-    expert = torch.searchsorted(block_end, block_index, right=True)
-    block_expert = torch.where(expert < num_experts, expert, -1).to(torch.int32)
-    return ExpertLayout(sorted_slots[:rows], block_expert, num_blocks)
-
-
-def _every_token(tokens: int, block_m: int, device: torch.device) -> ExpertLayout:
-    """The layout of one expert that every token chose once (the shared experts)."""
-    num_blocks = triton.cdiv(tokens, block_m)
-    rows = torch.arange(num_blocks * block_m, device=device, dtype=torch.int32)
-    sorted_slots = torch.where(rows < tokens, rows, -1)
-    block_expert = torch.zeros(num_blocks, dtype=torch.int32, device=device)
-    return ExpertLayout(sorted_slots, block_expert, num_blocks)
+    if with_shared:
+        num_blocks += triton.cdiv(tokens, block_m)
+    sorted_slots = torch.empty(num_blocks * block_m, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(num_blocks, dtype=torch.int32, device=ids.device)
+    layout = ExpertLayout(sorted_slots, block_expert, num_blocks, slots)
+    if num_blocks == 0:
+        return layout
+    num_groups = num_experts + int(with_shared)
+    prepare_launch()
+    _align_kernel[(num_groups + 1,)](
+        ids.reshape(-1).to(torch.int32).contiguous(),
+        sorted_slots,
+        block_expert,
+        slots,
+        tokens,
+        num_experts,
+        num_groups,
+        num_blocks,
+        HAS_SHARED=with_shared,
+        BLOCK_M=block_m,
+        BINS=triton.next_power_of_2(num_experts + 2),
+        CHUNK=256,
+    )
+    return layout
 
 
 @triton.jit
 def _weight_tile(
-    w_ptr,
-    s_ptr,
-    expert,
+    w_base,  # this expert's weight
+    s_base,  # this expert's scales (fp8 only)
     n,  # [BLOCK_N] output rows of the weight
     n_mask,
     k0,
     kk,  # [BLOCK_K] reduction positions
     k_mask,
-    stride_we,
     stride_wn,
-    stride_se,
     stride_sn,
     FORMAT: tl.constexpr,
     WIDE: tl.constexpr,
 ):
     """The [BLOCK_N, BLOCK_K] weight tile in WIDE and, for fp8, its rows' scales [BLOCK_N]."""
-    ptrs = w_ptr + expert * stride_we + n[:, None] * stride_wn + kk[None, :]
-    raw = tl.load(ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0)
+    raw = tl.load(
+        w_base + n[:, None] * stride_wn + kk[None, :],
+        mask=n_mask[:, None] & k_mask[None, :],
+        other=0,
+    )
     # One return for every FORMAT: the compiler traces the statements after a constexpr
     # branch's return too.
     if FORMAT == 0:
@@ -152,7 +222,7 @@ def _weight_tile(
         scale = tl.full(n.shape, 1.0, tl.float32)
     else:
         tile = raw.to(tl.float8e4nv, bitcast=True).to(WIDE)
-        scale_ptrs = s_ptr + expert * stride_se + (n // 128) * stride_sn + k0 // 128
+        scale_ptrs = s_base + (n // 128) * stride_sn + k0 // 128
         if FORMAT == 1:
             scale = tl.load(scale_ptrs, mask=n_mask, other=0.0)
         else:  # ue8m0 codes: 2^(code - 127), code 0 is 2^-127
@@ -163,21 +233,40 @@ def _weight_tile(
 
 
 @triton.jit
+def _expert_weights(
+    expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED: tl.constexpr
+):
+    """Base pointers of group ``expert``'s weight and scales: group E is the shared experts."""
+    w_base = w_ptr + expert * stride_we
+    s_base = s_ptr + expert * stride_se
+    if HAS_SHARED:  # noqa: SIM102 (a constexpr test apart from the runtime one, for Triton's jit)
+        if expert == E:
+            w_base = sw_ptr
+            s_base = ss_ptr
+    return w_base, s_base
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, D] bf16
     w_ptr,  # [E, 2I, D] bf16 or uint8 e4m3 codes
     s_ptr,  # [E, ceil(2I/128), ceil(D/128)] scales (fp8 only)
+    sw_ptr,  # [2I, D] shared experts (HAS_SHARED)
+    ss_ptr,  # [ceil(2I/128), ceil(D/128)] their scales
     sorted_ptr,  # [P] int32
     block_expert_ptr,  # [P / BLOCK_M] int32
     h_ptr,  # [P, I] bf16 out
     D,
     I,
+    N,  # routed slots: slot s < N is token s // top_k, slot N + t is token t
     top_k,
+    E,
     stride_we,
     stride_wn,
     stride_se,
     stride_sn,
     FORMAT: tl.constexpr,
+    HAS_SHARED: tl.constexpr,
     WIDE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -187,10 +276,14 @@ def _gate_up_kernel(
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert < 0:
         return
+    w_base, s_base = _expert_weights(
+        expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED
+    )
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     slot = tl.load(sorted_ptr + rows)
     valid = slot >= 0
-    token = tl.where(valid, slot // top_k, 0).to(tl.int64)
+    token = tl.where(slot < N, slot // top_k, slot - N)
+    token = tl.where(valid, token, 0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < I
     gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -202,13 +295,11 @@ def _gate_up_kernel(
             x_ptr + token[:, None] * D + kk[None, :], mask=valid[:, None] & k_mask[None, :], other=0
         ).to(WIDE)
         wg, sg = _weight_tile(
-            w_ptr, s_ptr, expert, n, n_mask, k0, kk, k_mask,
-            stride_we, stride_wn, stride_se, stride_sn, FORMAT, WIDE,
-        )  # fmt: skip
+            w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+        )
         wu, su = _weight_tile(
-            w_ptr, s_ptr, expert, n + I, n_mask, k0, kk, k_mask,
-            stride_we, stride_wn, stride_se, stride_sn, FORMAT, WIDE,
-        )  # fmt: skip
+            w_base, s_base, n + I, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+        )
         if FORMAT == 0:
             gate = tl.dot(a, tl.trans(wg), gate)
             up = tl.dot(a, tl.trans(wu), up)
@@ -225,17 +316,22 @@ def _down_kernel(
     h_ptr,  # [P, I] bf16
     w_ptr,  # [E, D, I] bf16 or uint8 e4m3 codes
     s_ptr,  # [E, ceil(D/128), ceil(I/128)] scales (fp8 only)
+    sw_ptr,  # [D, I] shared experts (HAS_SHARED)
+    ss_ptr,  # [ceil(D/128), ceil(I/128)] their scales
     sorted_ptr,  # [P] int32
     block_expert_ptr,  # [P / BLOCK_M] int32
-    route_ptr,  # [T * k] float32 routing weight of each slot
-    out_ptr,  # [T * k, D] float32, one row per slot
+    route_ptr,  # [N] float32 routing weight of each routed slot (shared slots weigh 1)
+    out_ptr,  # [slots, D] float32, one row per slot
     D,
     I,
+    N,
+    E,
     stride_we,
     stride_wn,
     stride_se,
     stride_sn,
     FORMAT: tl.constexpr,
+    HAS_SHARED: tl.constexpr,
     WIDE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -245,6 +341,9 @@ def _down_kernel(
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert < 0:
         return
+    w_base, s_base = _expert_weights(
+        expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED
+    )
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     slot = tl.load(sorted_ptr + rows)
     valid = slot >= 0
@@ -260,15 +359,15 @@ def _down_kernel(
             other=0,
         ).to(WIDE)
         w, s = _weight_tile(
-            w_ptr, s_ptr, expert, n, n_mask, k0, kk, k_mask,
-            stride_we, stride_wn, stride_se, stride_sn, FORMAT, WIDE,
-        )  # fmt: skip
+            w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+        )
         if FORMAT == 0:
             acc = tl.dot(a, tl.trans(w), acc)
         else:
             acc += tl.dot(a, tl.trans(w)) * s[None, :]
     safe_slot = tl.where(valid, slot, 0).to(tl.int64)
-    route = tl.load(route_ptr + safe_slot, mask=valid, other=0.0)
+    routed = valid & (safe_slot < N)
+    route = tl.where(routed, tl.load(route_ptr + safe_slot, mask=routed, other=0.0), 1.0)
     out = out_ptr + safe_slot[:, None] * D + n[None, :]
     tl.store(out, acc * route[:, None], mask=valid[:, None] & n_mask[None, :])
 
@@ -300,7 +399,8 @@ def _combine_kernel(
 
 def _weight_args(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, int, int, int, int]:
     """(data, scales, expert / row strides of data, expert / row strides of scales); a 2-D
-    weight (the shared experts) is one expert with an expert stride of 0."""
+    weight (the shared experts) has an expert stride of 0. Scales stand in for themselves
+    when the format has none (bf16: the kernel never reads them)."""
     data = w.data if w.data.stride(-1) == 1 else w.data.contiguous()
     scales = w.scales if w.scales is not None else data
     if scales.stride(-1) != 1:
@@ -316,16 +416,30 @@ def _weight_args(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, int, i
     )
 
 
+def _can_fuse_shared(
+    w13: QuantizedWeight, w2: QuantizedWeight, shared: tuple[QuantizedWeight, QuantizedWeight]
+) -> bool:
+    """The shared experts ride in the routed launch as group E when the kernels can read them
+    with the routed weights' format and row strides (DeepSeek-V3's: same format, same I)."""
+    for routed, extra in zip((w13, w2), shared, strict=True):
+        if extra.format != routed.format or extra.shape != routed.shape[1:]:
+            return False
+        if _weight_args(extra)[3::2] != _weight_args(routed)[3::2]:
+            return False
+    return True
+
+
 def _swiglu_grouped(
     x: torch.Tensor,  # [T, D] bf16
     w13: QuantizedWeight,  # [E, 2I, D] or [2I, D]
     w2: QuantizedWeight,  # [E, D, I] or [D, I]
+    shared: tuple[QuantizedWeight, QuantizedWeight] | None,  # group E, same format and strides
     layout: ExpertLayout,
-    route: torch.Tensor,  # [T * k] float32
-    out_rows: int,  # T * k
+    route: torch.Tensor,  # [N] float32
+    out_rows: int,  # slots: N, plus T with the shared group
     top_k: int,
     tiles: TileConfig,
-) -> torch.Tensor:  # [T * k, D] float32, rows of unserved slots unwritten
+) -> torch.Tensor:  # [slots, D] float32, rows of unserved slots unwritten
     hidden = x.shape[1]
     inter = w13.shape[-2] // 2
     rows = layout.sorted_slots.shape[0]
@@ -333,9 +447,10 @@ def _swiglu_grouped(
     out = torch.empty(out_rows, hidden, dtype=torch.float32, device=x.device)
     if layout.num_blocks == 0:
         return out
-    wide = wide_dtype()
+    group_e = w13.shape[0] if w13.data.dim() == 3 else 0
     common = {
-        "WIDE": wide,
+        "HAS_SHARED": shared is not None,
+        "WIDE": wide_dtype(),
         "BLOCK_M": tiles.block_m,
         "BLOCK_N": tiles.block_n,
         "BLOCK_K": tiles.block_k,
@@ -343,17 +458,17 @@ def _swiglu_grouped(
         "num_stages": tiles.num_stages,
     }
     data, scales, we, wn, se, sn = _weight_args(w13)
-    grid = (layout.num_blocks, triton.cdiv(inter, tiles.block_n))
-    _gate_up_kernel[grid](
-        x, data, scales, layout.sorted_slots, layout.block_expert, h,
-        hidden, inter, top_k, we, wn, se, sn,
+    shared_data, shared_scales = _weight_args(shared[0])[:2] if shared else (data, scales)
+    _gate_up_kernel[(layout.num_blocks, triton.cdiv(inter, tiles.block_n))](
+        x, data, scales, shared_data, shared_scales, layout.sorted_slots, layout.block_expert, h,
+        hidden, inter, layout.routed_slots, top_k, group_e, we, wn, se, sn,
         FORMAT=_FORMAT_CODES[w13.format], **common,
     )  # fmt: skip
     data, scales, we, wn, se, sn = _weight_args(w2)
-    grid = (layout.num_blocks, triton.cdiv(hidden, tiles.block_n))
-    _down_kernel[grid](
-        h, data, scales, layout.sorted_slots, layout.block_expert, route, out,
-        hidden, inter, we, wn, se, sn,
+    shared_data, shared_scales = _weight_args(shared[1])[:2] if shared else (data, scales)
+    _down_kernel[(layout.num_blocks, triton.cdiv(hidden, tiles.block_n))](
+        h, data, scales, shared_data, shared_scales, layout.sorted_slots, layout.block_expert,
+        route, out, hidden, inter, layout.routed_slots, group_e, we, wn, se, sn,
         FORMAT=_FORMAT_CODES[w2.format], **common,
     )  # fmt: skip
     return out
@@ -427,28 +542,20 @@ def experts(
     prepare_launch()
     xb = x.to(torch.bfloat16).contiguous()
     flat_ids = ids.reshape(-1).to(torch.int32).contiguous()
+    route = weights.reshape(-1).float().contiguous()
+    slots = tokens * top_k
+    fuse = shared_experts is not None and _can_fuse_shared(w13, w2, shared_experts)
+    layout = align_by_expert(ids, num_experts, tiles.block_m, with_shared=fuse)
+    shared_group = shared_experts if fuse else None
     routed = _swiglu_grouped(
-        xb,
-        w13,
-        w2,
-        align_by_expert(ids, num_experts, tiles.block_m),
-        weights.reshape(-1).float().contiguous(),
-        tokens * top_k,
-        top_k,
-        tiles,
+        xb, w13, w2, shared_group, layout, route, slots + tokens * fuse, top_k, tiles
     )
-    shared = routed  # any float32 pointer when there are no shared experts
-    if shared_experts is not None:
+    shared = routed[slots:] if fuse else routed  # routed: any float32 rows when unused
+    if shared_experts is not None and not fuse:  # its own launch, as the only group
         shared_w13, shared_w2 = shared_experts
+        only_shared = align_by_expert(ids[:, :0], 0, tiles.block_m, with_shared=True)
         shared = _swiglu_grouped(
-            xb,
-            shared_w13,
-            shared_w2,
-            _every_token(tokens, tiles.block_m, x.device),
-            torch.ones(tokens, dtype=torch.float32, device=x.device),
-            tokens,
-            1,
-            tiles,
+            xb, shared_w13, shared_w2, shared_experts, only_shared, route, tokens, 1, tiles
         )
     block_d = min(1024, triton.next_power_of_2(hidden))
     _combine_kernel[(tokens, triton.cdiv(hidden, block_d))](
