@@ -8,6 +8,8 @@ checkpoint has 16 heads and 16 index heads so the Triton kernels (which take hea
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from hwrun import LLM, SamplingParams
 from hwrun.engine.batch import ScheduledChunk
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.model_runner import build_model_runner
+from hwrun.plugins import ENTRY_POINT_GROUP, PluginSet, load_plugins
 from tests.engine.tiny_checkpoints import build_tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -28,6 +31,23 @@ FORMATS = [("bf16", "bf16"), ("fp8_ds_mla", "fp8")]
 # other way differ more. We require the median row within 2% and every row within 15%.
 MEDIAN_REL = 0.02
 MAX_REL = 0.15
+
+
+@pytest.fixture(scope="module")
+def plugins() -> PluginSet:
+    """The NVIDIA platform, installed or (on the GPU machine) from the source tree."""
+    with pytest.MonkeyPatch.context() as patch:
+        extra = []
+        if not any(ep.name == "nvidia" for ep in entry_points(group=ENTRY_POINT_GROUP)):
+            patch.setenv("HWRUN_DISABLE_ENTRY_POINTS", "1")  # the reference is then built in
+            extra = ["hwrun_nvidia.plugin"]
+        loaded = load_plugins(extra)
+    assert "nvidia" in loaded.names(), [(p.name, p.status, p.reason) for p in loaded.plugins]
+    return loaded
+
+
+def _runner(plugins: PluginSet, **flags):
+    return build_model_runner(EngineConfig(**flags), plugins)
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +87,12 @@ def _prompt(vocab: int) -> list[int]:
 
 
 @pytest.mark.parametrize(("latent", "index"), FORMATS)
-def test_gpu_logits_match_the_cpu_reference(checkpoint, latent, index):
+def test_gpu_logits_match_the_cpu_reference(plugins, checkpoint, latent, index):
     prompt = _prompt(checkpoint.config.vocab_size)
     flags = dict(model=str(checkpoint.path), num_kv_tokens=16 * 64, max_model_len=1024)
     flags |= dict(kv_cache_dtype=latent, index_dtype=index)
-    cpu = build_model_runner(EngineConfig(platform="reference", **flags))
-    gpu = build_model_runner(EngineConfig(platform="nvidia", **flags))
+    cpu = _runner(plugins, platform="reference", **flags)
+    gpu = _runner(plugins, platform="nvidia", **flags)
     served = {c.op: f"{c.platform}:{c.impl}" for c in gpu.op_table}
     print(f"{latent}/{index}: {served}; cuda graphs {gpu.cuda_graphs_status}")
     assert gpu.device.type == "cuda"
@@ -82,11 +102,11 @@ def test_gpu_logits_match_the_cpu_reference(checkpoint, latent, index):
     assert errors.max().item() < MAX_REL
 
 
-def test_cuda_graph_decode_matches_eager_decode(checkpoint):
+def test_cuda_graph_decode_matches_eager_decode(plugins, checkpoint):
     prompt = _prompt(checkpoint.config.vocab_size)
     flags = dict(model=str(checkpoint.path), num_kv_tokens=16 * 64, max_model_len=1024)
-    eager = build_model_runner(EngineConfig(platform="nvidia", cuda_graphs=False, **flags))
-    graphed = build_model_runner(EngineConfig(platform="nvidia", max_num_seqs=8, **flags))
+    eager = _runner(plugins, platform="nvidia", cuda_graphs=False, **flags)
+    graphed = _runner(plugins, platform="nvidia", max_num_seqs=8, **flags)
     print(f"cuda graphs: {graphed.cuda_graphs_status}")
     if graphed.graphs is None:
         pytest.skip(f"decode graphs not captured: {graphed.cuda_graphs_status}")
@@ -96,14 +116,12 @@ def test_cuda_graph_decode_matches_eager_decode(checkpoint):
     assert errors.max().item() < 0.02
 
 
-def test_batch_invariant_mode_on_the_gpu(checkpoint):
-    llm = LLM(
-        model=str(checkpoint.path),
-        platform="nvidia",
-        batch_invariant=True,
-        num_kv_tokens=64 * 64,
-        max_model_len=1024,
-    )
+def test_batch_invariant_mode_on_the_gpu(plugins, checkpoint):
+    flags = dict(model=str(checkpoint.path), platform="nvidia", num_kv_tokens=64 * 64)
+    flags |= dict(max_model_len=1024, batch_invariant=True)
+    llm = LLM(**flags, runner=_runner(plugins, **flags))
+    served = {c.op: f"{c.platform}:{c.impl}" for c in llm.engine.runner.op_table}
+    print(f"batch-invariant mode: {served}")
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(2, 128, (int(n),), generator=gen).tolist() for n in range(8, 40)]
     params = SamplingParams(max_tokens=4, temperature=0.7, seed=5, logprobs=2)
