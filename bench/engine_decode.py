@@ -134,6 +134,40 @@ def time_decode(runner: ModelRunner, batch: int, context: int, steps: int) -> fl
     return statistics.median(times)
 
 
+def profile_shares(runner: ModelRunner, batch: int, context: int, steps: int) -> dict[str, float]:
+    """Share of a decode step's GPU time per op (eager steps under torch.profiler); the rest
+    is the plain-torch part (linears, norms, RoPE, the sampler's inputs)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    table = runner.model.ops._fns
+    original = dict(table)
+
+    def labelled(op, fn):
+        def call(*args, **kwargs):
+            with record_function(op):
+                return fn(*args, **kwargs)
+
+        return call
+
+    for op, fn in original.items():
+        table[op] = labelled(op, fn)
+    graphs, runner.graphs = runner.graphs, None
+    try:
+        time_decode(runner, batch, context, 2)  # warm the eager path
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            time_decode(runner, batch, context, steps)
+    finally:
+        table.update(original)
+        runner.graphs = graphs
+    averages = prof.key_averages()
+    # Self times add up without double counting; an annotation's total is its kernels' time.
+    total = max(sum(e.self_device_time_total for e in averages), 1e-9)
+    by_key = {e.key: e.device_time_total for e in averages}
+    shares = {op: by_key.get(op, 0.0) / total for op in original}
+    shares["plain torch (linears, norms, RoPE, ...)"] = max(0.0, 1 - sum(shares.values()))
+    return shares
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
@@ -145,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--topk", type=int, default=None, help="override index_topk (0: dense)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="GPU time share per op")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
 
@@ -190,6 +225,13 @@ def main(argv: list[str] | None = None) -> None:
                 f"{row['tokens_per_s']:.0f} tok/s, roofline {row['roofline_ms']:.2f} ms "
                 f"({row['percent_of_roofline']:.0f}%)"
             )
+        if args.profile:
+            batch = max(args.batch)
+            print(f"  GPU time per op, eager decode, batch {batch}, context {context}:")
+            for op, share in sorted(
+                profile_shares(runner, batch, context, 3).items(), key=lambda kv: -kv[1]
+            ):
+                print(f"    {op:40s} {100 * share:5.1f}%")
         del runner
         torch.cuda.empty_cache()
     if args.json:
