@@ -178,8 +178,11 @@ def align_by_expert(
         return layout
     num_groups = num_experts + int(with_shared)
     prepare_launch()
+    flat_ids = ids.reshape(-1).to(torch.int32).contiguous()
+    if slots == 0:  # the shared group alone: never read, but launches want a real pointer
+        flat_ids = sorted_slots
     _align_kernel[(num_groups + 1,)](
-        ids.reshape(-1).to(torch.int32).contiguous(),
+        flat_ids,
         sorted_slots,
         block_expert,
         slots,
