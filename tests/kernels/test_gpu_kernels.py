@@ -219,3 +219,101 @@ def test_lse_combine_at_scale():
     got, want = lse_combine(outs, lses), ref(outs, lses)
     torch.testing.assert_close(got[0].float(), want[0].float(), atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(got[1], want[1])
+
+
+@pytest.mark.parametrize("kv_dtype,heads", [(torch.bfloat16, 128), (torch.float32, 20)])
+def test_sparse_mla_prefill(kv_dtype, heads):
+    from hwrun.kernels.triton.sparse_mla import prefill
+
+    tokens, workspace, k = 64, 4096, 2048
+    q = torch.randn(tokens, heads, 576, device="cuda", dtype=torch.bfloat16)
+    # fp32 workspaces hold bf16 values, as the engine's (decoded from the cache formats).
+    kv = torch.randn(workspace, 576, device="cuda").to(torch.bfloat16).to(kv_dtype)
+    indices = torch.randint(0, workspace, (tokens, k), device="cuda", dtype=torch.int32)
+    indices[3, :] = -1  # an empty row
+    indices[5, 100:] = -1
+    lengths = torch.full((tokens,), k, device="cuda", dtype=torch.int32)
+    lengths[7] = 33  # a row shorter than k
+    sink = torch.randn(heads, device="cuda")
+    got = prefill(q, kv, indices, 0.07, lengths, sink)
+    _check_mla(got, ref_mla.prefill(q, kv, indices, 0.07, lengths, sink))
+
+
+def _fp8_experts(experts, rows, cols, name):
+    """A random fp8_block128 weight built from codes (quantizing 30 GB of fp32 takes too long):
+    e4m3 codes of magnitude up to 1.875 with random signs, scales around 0.02."""
+    from hwrun.ops.quantized_weight import QuantizedWeight
+
+    lead = (experts,) if experts else ()
+    codes = torch.randint(0, 0x40, (*lead, rows, cols), device="cuda", dtype=torch.uint8)
+    codes |= torch.randint(0, 2, codes.shape, device="cuda", dtype=torch.uint8) << 7
+    tiles = (*lead, -(-rows // 128), -(-cols // 128))
+    scales = torch.rand(tiles, device="cuda") * 0.02 + 0.01
+    return QuantizedWeight("fp8_block128", (*lead, rows, cols), codes, scales, name=name)
+
+
+def _moe_close(got, want):
+    scale = float(want.float().abs().amax())
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=1e-3 * scale)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+def test_moe_experts_deepseek_v3_shapes(tokens):
+    """256 experts, top 8, hidden 7168, expert width 2048, one shared expert, fp8 block-128."""
+    from hwrun.kernels.triton.moe import experts
+    from hwrun.ops.moe_experts import experts as reference
+
+    num_experts, hidden, inter, k = 256, 7168, 2048, 8
+    w13 = _fp8_experts(num_experts, 2 * inter, hidden, "w13")
+    w2 = _fp8_experts(num_experts, hidden, inter, "w2")
+    shared = (_fp8_experts(0, 2 * inter, hidden, "sw13"), _fp8_experts(0, hidden, inter, "sw2"))
+    x = (torch.randn(tokens, hidden, device="cuda") * 0.1).to(torch.bfloat16)
+    ids = torch.rand(tokens, num_experts, device="cuda").argsort(1)[:, :k].to(torch.int32)
+    ids[0, 2] = -1  # a slot served by another rank
+    if tokens > 1:
+        ids[1, :] = -1  # a token with only the shared expert
+    weights = torch.rand(tokens, k, device="cuda")
+    got = experts(x, w13, w2, ids, weights, "bf16", shared)
+    _moe_close(got, reference(x, w13, w2, ids, weights, "bf16", shared))
+
+
+def test_moe_experts_bf16_weights_and_own_shared_launches():
+    from hwrun.kernels.triton.moe import experts
+    from hwrun.ops.moe_experts import experts as reference
+    from hwrun.ops.quantized_weight import quantize_weight
+
+    num_experts, hidden, inter, k, tokens = 8, 7168, 2048, 2, 200
+    w13 = quantize_weight(torch.randn(num_experts, 2 * inter, hidden, device="cuda") * 0.02, "bf16")
+    w2 = quantize_weight(torch.randn(num_experts, hidden, inter, device="cuda") * 0.02, "bf16")
+    x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    ids = torch.rand(tokens, num_experts, device="cuda").argsort(1)[:, :k].to(torch.int32)
+    ids[:, 1][ids[:, 1] == 3] = -1  # expert 3 served in slot 0 only
+    weights = torch.rand(tokens, k, device="cuda")
+    # Narrower shared experts than the routed: their own launches, not group E.
+    shared = tuple(
+        quantize_weight(torch.randn(shape, device="cuda") * 0.02, "bf16")
+        for shape in ((2 * 1024, hidden), (hidden, 1024))
+    )
+    got = experts(x, w13, w2, ids, weights, "bf16", shared)
+    _moe_close(got, reference(x, w13, w2, ids, weights, "bf16", shared))
+
+
+def test_moe_experts_replays_in_a_cuda_graph():
+    """No host synchronisation: the call captures, and a replay with new routing is right."""
+    from hwrun.kernels.triton.moe import experts
+
+    num_experts, hidden, inter, k, tokens = 64, 1024, 512, 8, 8
+    w13 = _fp8_experts(num_experts, 2 * inter, hidden, "w13")
+    w2 = _fp8_experts(num_experts, hidden, inter, "w2")
+    x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    ids = torch.rand(tokens, num_experts, device="cuda").argsort(1)[:, :k].to(torch.int32)
+    weights = torch.rand(tokens, k, device="cuda")
+    experts(x, w13, w2, ids, weights)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = experts(x, w13, w2, ids, weights)
+    ids.copy_(torch.rand(tokens, num_experts, device="cuda").argsort(1)[:, :k])
+    ids[2, :3] = -1
+    x.copy_(torch.randn(tokens, hidden, device="cuda"))
+    graph.replay()
+    torch.testing.assert_close(out, experts(x, w13, w2, ids, weights), rtol=0, atol=0)
