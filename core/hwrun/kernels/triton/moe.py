@@ -59,7 +59,7 @@ class TileConfig:
 # Tuned on the H200 at DeepSeek-V3 expert shapes (docs/benchmarks.md), by rows per expert.
 DECODE_TILES = TileConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)
 MIDDLE_TILES = TileConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4)
-PREFILL_TILES = TileConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3)
+PREFILL_TILES = TileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)
 INTERPRETER_TILES = TileConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)
 
 
