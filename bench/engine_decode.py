@@ -119,7 +119,7 @@ def copy_bandwidth(device: torch.device) -> float:
 
 def time_decode(runner: ModelRunner, batch: int, context: int, steps: int) -> float:
     """Median seconds per decode step of ``batch`` sequences at ``context`` tokens."""
-    blocks = -(-(context + steps + 1) // runner.block_size)
+    blocks = -(-(context + steps + 4) // runner.block_size)
     tables = [list(range(b * blocks, (b + 1) * blocks)) for b in range(batch)]
     times = []
     for step in range(steps + 3):

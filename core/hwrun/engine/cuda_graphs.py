@@ -12,6 +12,7 @@ and the engine then runs its decode steps eagerly.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hwrun.engine.model import DecodeRows, DeepseekV32, StepMetadata
@@ -113,9 +114,10 @@ class DecodeGraphs:
         self.positions[:batch] = torch.tensor(positions, device=device)
         self.slots[:batch] = torch.tensor(slots, dtype=torch.int32, device=device)
         self.context_lens[:batch] = self.positions[:batch].to(torch.int32) + 1
-        width = self.block_table.shape[1]
-        table = [t[:width] + [-1] * (width - len(t[:width])) for t in block_tables]
-        self.block_table[:batch] = torch.tensor(table, dtype=torch.int32, device=device)
+        table = np.full((batch, self.block_table.shape[1]), -1, dtype=np.int32)
+        for row, blocks in enumerate(block_tables):
+            table[row, : len(blocks)] = blocks
+        self.block_table[:batch] = torch.from_numpy(table).to(device, non_blocking=True)
         graph, logits = self._graphs[bucket]
         graph.replay()
         return logits[:batch].clone()
