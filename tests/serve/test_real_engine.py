@@ -1,8 +1,9 @@
-"""The server on the real AsyncEngine: a tiny random DeepseekV32 checkpoint written by
-transformers (the engine's oracle tests use the same builder), with a byte-level BPE tokenizer
-and a chat template, on the reference platform. The HTTP layer's own behaviour is tested on the
-fake engine; these check that it holds on the engine that serves: streaming equals non-streaming
-for a seed, logprobs and echo, token ids, and a disconnect frees the request's KV blocks."""
+"""The server on the real AsyncEngine, on the reference platform: the embedded default model
+(``make serve``), and a tiny random DeepseekV32 checkpoint written by transformers (the engine's
+oracle tests use the same builder) with a byte-level BPE tokenizer and a chat template. The HTTP
+layer's own behaviour is tested on the fake engine; these check that it holds on the engine that
+serves: streaming equals non-streaming for a seed, logprobs and echo, token ids, and a
+disconnect frees the request's KV blocks."""
 
 from __future__ import annotations
 
@@ -53,9 +54,15 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def real_server(checkpoint):
-    config = EngineConfig(model=str(checkpoint), platform="reference", num_kv_tokens=64 * 64)
+@pytest.fixture(scope="module", params=["default model", "tiny checkpoint"])
+def real_server(request):
+    """The embedded default model (what ``make serve`` serves), and a tiny random checkpoint
+    that does not depend on the default model's training."""
+    if request.param == "default model":
+        config = EngineConfig(platform="reference")
+    else:
+        path = request.getfixturevalue("checkpoint")
+        config = EngineConfig(model=str(path), platform="reference", num_kv_tokens=64 * 64)
     server = RunningServer(AsyncEngine(config, max_queued=64))
     yield server
     server.stop()
@@ -95,6 +102,19 @@ def test_streaming_equals_non_streaming_for_a_seed(real_server, temperature):
     assert "".join(c.choices[0].text for c in chunks) == whole.text
     streamed_lps = [lp for c in chunks for lp in c.choices[0].logprobs.token_logprobs]
     assert streamed_lps == whole.logprobs.token_logprobs
+
+
+def test_chat_streaming_equals_non_streaming_for_a_seed(real_server):
+    client = real_server.client()
+    kwargs = dict(
+        model=model_of(real_server), messages=[{"role": "user", "content": "Tell me a story."}],
+        max_tokens=12, seed=5, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    chunks = [c for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.message.content
+    streamed = [(t.token, t.logprob) for c in chunks for t in c.choices[0].logprobs.content]
+    assert streamed == [(t.token, t.logprob) for t in whole.logprobs.content]
 
 
 def test_echo_with_logprobs_gives_prompt_logprobs(real_server):
