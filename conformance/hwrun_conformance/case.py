@@ -33,12 +33,15 @@ class Check:
     ``metric`` names a function of :mod:`hwrun_conformance.metrics`. ``context`` pulls what the
     metric needs besides the two outputs out of the sample's arguments (top-k needs the scores and
     row bounds it ranked). ``tolerance_key`` picks the row of the tolerance table; by default the
-    case's format (or dtype).
+    case's format (or dtype). ``canonical`` maps an output to the form the padding and batch
+    tiers compare bit for bit, where the contract leaves something free (top-k: the order of a
+    row's indices, so each row is sorted); None compares the output as it is.
     """
 
     metric: str
     context: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     tolerance_key: str | None = None
+    canonical: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hwrun_conformance import metrics
-from hwrun_conformance.case import ACCURACY, BATCH, BATCH_METRIC, PADDING, Case, Sample
+from hwrun_conformance.case import ACCURACY, BATCH, BATCH_METRIC, PADDING, Case, Check, Sample
 from hwrun_conformance.guards import guard_damage, guarded_copy
 from hwrun_conformance.tolerances import RELAXATIONS, Relaxation, tolerance_for
 
@@ -139,7 +139,9 @@ def _padding(case: Case, sample: Sample, fn: Callable[..., Any], device: str) ->
     second = _call_impl(fn, perturbed, device)
     if isinstance(second, Verdict):
         return second
-    return _bitwise_same(first, second, "padding_invariance", "after changing ignored inputs")
+    return _bitwise_same(
+        first, second, "padding_invariance", "after changing ignored inputs", case.checks
+    )
 
 
 def _batch(
@@ -181,7 +183,7 @@ def _batch(
             for name, dim in rows.outputs.items()
         }
         when = f"for rows {_rows(chosen)}"
-        verdict = _bitwise_same((expected, full[1]), part, BATCH_METRIC, when)
+        verdict = _bitwise_same((expected, full[1]), part, BATCH_METRIC, when, case.checks)
         if not verdict.passed:
             return verdict
     return Verdict(True, BATCH_METRIC, 0.0, 0.0)
@@ -202,13 +204,20 @@ def _row_subsets(count: int) -> list[list[int]]:
     return [s for s in subsets if s and len(s) < count] or [[0]]
 
 
-def _bitwise_same(a: Outputs, b: Outputs, metric: str, when: str) -> Verdict:
-    """Outputs of ``b`` equal to ``a``'s bit for bit; either call's guard damage fails first."""
+def _bitwise_same(
+    a: Outputs, b: Outputs, metric: str, when: str, checks: Mapping[str, Check]
+) -> Verdict:
+    """Outputs of ``b`` equal to ``a``'s bit for bit, each in its check's canonical form (top-k
+    rows sorted: the contract compares them as sets); either call's guard damage fails first."""
     for damage in (a[1], b[1]):
         if damage:
             return Verdict(False, "guard_bytes", None, 0.0, damage)
     for name, tensor in a[0].items():
-        measured = metrics.exact(b[0][name], tensor, metrics.Tolerance())
+        canonical = checks[name].canonical if name in checks else None
+        mine, theirs = b[0][name], tensor
+        if canonical is not None:
+            mine, theirs = canonical(mine), canonical(theirs)
+        measured = metrics.exact(mine, theirs, metrics.Tolerance())
         if measured.value:
             return Verdict(
                 False, metric, measured.value, 0.0, f"{name} changed {when}: {measured.detail}"

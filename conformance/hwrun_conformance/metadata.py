@@ -58,21 +58,24 @@ def run_metadata(
 
 
 def source_commit() -> str | None:
-    """The git commit of the hwrun source tree, when it is a checkout (None for a wheel)."""
+    """The git commit of the hwrun source tree when it is a checkout, with "+dirty" when tracked
+    files differ from it (None for a wheel, or without git)."""
     import hwrun
 
-    where = Path(hwrun.__file__).resolve().parent
+    where = str(Path(hwrun.__file__).resolve().parent)
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        done = subprocess.run(
-            ["git", "-C", str(where), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-        if done.returncode == 0:
-            return done.stdout.strip()
+        head = _git(where, "rev-parse", "HEAD")
+        if head.returncode == 0:
+            changes = _git(where, "status", "--porcelain", "--untracked-files=no")
+            dirty = changes.returncode == 0 and bool(changes.stdout.strip())
+            return head.stdout.strip() + ("+dirty" if dirty else "")
     return None
+
+
+def _git(where: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", "-C", where, *args], capture_output=True, text=True, timeout=10, check=False
+    )
 
 
 def _version_of(module: str) -> str | None:

@@ -158,3 +158,34 @@ def test_format_audit_judges_only_formats_of_the_selected_ops() -> None:
     # The same case of an op the platform does not implement says nothing about the claim.
     rows = audit(plugins, "reference", claims, [ran, replace(refused, refusals=())], "*")
     assert "formats:fp8" not in {r.case for r in rows}
+
+
+def test_topk_invariance_tiers_compare_rows_as_sets() -> None:
+    """A GPU top-k gathers with several programs and writes a row's indices in the order they
+    finish: the padding and batch tiers must accept any order, and still catch another set."""
+    import itertools
+
+    import torch
+
+    from hwrun.ops.catalogue import catalogue
+    from hwrun.ops.topk import topk
+    from hwrun_conformance.cases import all_cases
+    from hwrun_conformance.execute import run_case
+
+    calls = itertools.count()
+
+    def shuffled(logits, starts, ends, k):
+        out = topk(logits, starts, ends, k)
+        order = torch.randperm(k, generator=torch.Generator().manual_seed(next(calls)))
+        return out[:, order]
+
+    def wrong_on_second_call(logits, starts, ends, k):
+        out = topk(logits, starts, ends, k)
+        return torch.where(out > 0, out - 1, out) if next(calls) % 2 else out
+
+    cases = {c.name: c for c in all_cases(catalogue())["indexer.topk"]}
+    reference = catalogue()["indexer.topk"].reference
+    for name in ("long_rows.padding", "long_rows.batch", "random.padding", "random.batch"):
+        assert run_case(cases[name], shuffled, reference, platform="p").passed, name
+    verdict = run_case(cases["long_rows.padding"], wrong_on_second_call, reference, platform="p")
+    assert not verdict.passed and verdict.metric == "padding_invariance", verdict

@@ -30,7 +30,13 @@ def _scores(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {"scores": scores, "starts": kwargs["starts"], "ends": kwargs["ends"]}
 
 
-_TOPK_CHECKS = {"indices": Check("index_set", context=_scores)}
+def _sorted_rows(indices: torch.Tensor) -> torch.Tensor:
+    """A row's indices as a set: the contract leaves their order free (a multi-program gather
+    on a GPU writes them in whatever order its programs finish)."""
+    return torch.sort(indices, dim=-1).values
+
+
+_TOPK_CHECKS = {"indices": Check("index_set", context=_scores, canonical=_sorted_rows)}
 
 
 def _topk_sample(
