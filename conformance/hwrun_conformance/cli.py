@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from hwrun import knobs
 from hwrun.errors import HwrunError
 from hwrun.plugins import load_plugins
 from hwrun_conformance.known_failures import KNOWN_FAILURES, load_known_failures
@@ -27,13 +28,15 @@ from hwrun_conformance.metadata import run_metadata
 from hwrun_conformance.report import STYLE, summary_tables, verdict_line, verdicts, write_reports
 from hwrun_conformance.result import Result
 from hwrun_conformance.runner import Plan, RunOptions, run, unusable_plugins
-from hwrun_conformance.status import DEFAULT_TIMEOUT_S, Status
+from hwrun_conformance.status import DEFAULT_TIMEOUT_S, INTERPRETER_TIMEOUT_S, Status
 from hwrun_conformance.verdict import BROKEN, DOES_NOT_CONFORM, NOTHING_RUN
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as shells report it
 
 
-def _finite_seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+def _finite_seconds(ctx: click.Context, param: click.Parameter, value: float | None) -> float:
+    if value is None:
+        return INTERPRETER_TIMEOUT_S if knobs.triton_interpret() else DEFAULT_TIMEOUT_S
     if not math.isfinite(value) or value <= 0:
         raise click.BadParameter(f"{value!r} is not a number of seconds > 0 (finite)")
     return value
@@ -66,9 +69,9 @@ def _finite_seconds(ctx: click.Context, param: click.Parameter, value: float) ->
     "--timeout",
     type=float,
     callback=_finite_seconds,
-    default=DEFAULT_TIMEOUT_S,
-    show_default=True,
-    help="Seconds one case may run before it is killed (TIMEOUT).",
+    default=None,
+    help=f"Seconds one case may run before it is killed (TIMEOUT); default {DEFAULT_TIMEOUT_S:g}, "
+    f"{INTERPRETER_TIMEOUT_S:g} under TRITON_INTERPRET=1.",
 )
 @click.option(
     "--known-failures",

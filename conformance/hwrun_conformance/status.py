@@ -23,3 +23,7 @@ BROKEN = frozenset({Status.FAIL, Status.CRASH, Status.TIMEOUT})
 
 DEFAULT_TIMEOUT_S = 120.0
 """Seconds one case may run before its worker is killed and the case is TIMEOUT."""
+
+INTERPRETER_TIMEOUT_S = 600.0
+"""The default under Triton's CPU interpreter (TRITON_INTERPRET=1), which pays tens of
+milliseconds per program: the full run's large batches (4100 top-k rows) take minutes there."""

@@ -140,6 +140,7 @@ def _ragged(
     quick=True,
     about="",
     quick_siblings=None,
+    invariances=True,
 ):
     op = "indexer.logits_ragged"
     case = Case(
@@ -153,7 +154,7 @@ def _ragged(
         about=about,
     )
     siblings = fmt == "fp8" if quick_siblings is None else quick_siblings
-    return variants(case, batch=rows > 1, quick_siblings=siblings)
+    return variants(case, batch=invariances and rows > 1, quick_siblings=siblings)
 
 
 def _paged(
@@ -170,6 +171,7 @@ def _paged(
     about="",
     partial=False,
     quick_siblings=None,
+    invariances=True,
 ):
     op = "indexer.logits_paged"
     case = Case(
@@ -250,8 +252,8 @@ def cases(op: str) -> list[Case]:
                 4,
                 150,
                 quick=False,
-                quick_siblings=False,
-                about="a large batch: rows past 1000",
+                invariances=False,
+                about="a large batch: rows past 1000, each against the reference",
             )
         else:
             out += _paged(
@@ -332,8 +334,8 @@ def cases(op: str) -> list[Case]:
                 16,
                 3,
                 quick=False,
-                quick_siblings=False,
-                about="a large batch of requests",
+                invariances=False,
+                about="a large batch of requests, each against the reference",
             )
     return out
 
