@@ -49,7 +49,7 @@ class EngineCollector(Collector):
                 stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0,
             ),
             "hwrun_prefix_cache_hit_rate": (
-                "Prefix-cache hits per query since start",
+                "Share of prompt tokens found in the prefix cache since start",
                 stats.prefix_cache_hits / stats.prefix_cache_queries
                 if stats.prefix_cache_queries
                 else 0.0,
@@ -61,11 +61,11 @@ class EngineCollector(Collector):
             "hwrun_prompt_tokens": ("Prompt tokens prefilled", stats.prompt_tokens_total),
             "hwrun_generation_tokens": ("Tokens generated", stats.generation_tokens_total),
             "hwrun_prefix_cache_queries": (
-                "Prompt blocks looked up in the prefix cache",
+                "Prompt tokens looked up in the prefix cache",
                 stats.prefix_cache_queries,
             ),
             "hwrun_prefix_cache_hits": (
-                "Prompt blocks found in the prefix cache",
+                "Prompt tokens found in the prefix cache",
                 stats.prefix_cache_hits,
             ),
             "hwrun_num_preemptions": (
