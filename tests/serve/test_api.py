@@ -216,3 +216,17 @@ def test_return_tokens_as_token_ids_with_a_tokenizer(server):
         extra_body={"return_tokens_as_token_ids": True},
     )  # fmt: skip
     assert all(t.startswith("token_id:") for t in result.choices[0].logprobs.tokens)
+
+
+def test_streaming_several_prompts_and_n_interleaves_every_choice(server):
+    kwargs = dict(model=MODEL, prompt=["ab", "cde"], n=2, max_tokens=5, seed=3)
+    whole = server.client().completions.create(**kwargs)
+    texts: dict[int, str] = {}
+    finished = {}
+    for chunk in server.client().completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+            if choice.finish_reason:
+                finished[choice.index] = choice.finish_reason
+    assert texts == {c.index: c.text for c in whole.choices}
+    assert finished == {0: "length", 1: "length", 2: "length", 3: "length"}
