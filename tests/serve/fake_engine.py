@@ -14,7 +14,7 @@ import math
 import random
 from collections.abc import AsyncIterator
 
-from hwrun.engine.errors import PromptError, QueueFullError
+from hwrun.engine.errors import EngineDeadError, PromptError, QueueFullError
 from hwrun.engine.op_table import OpChoice
 from hwrun.engine.outputs import CompletionOutput, RequestOutput
 from hwrun.engine.sampling_params import SamplingParams
@@ -82,6 +82,7 @@ class FakeAsyncEngine:
         self.generation_tokens = 0
         self.started = False
         self.shut_down = False
+        self.dead = False  # set by a test: every request then fails as on a dead AsyncEngine
         self._slots: asyncio.Semaphore | None = None
 
     async def start(self) -> None:
@@ -114,6 +115,8 @@ class FakeAsyncEngine:
             if self.tokenizer is None:
                 raise PromptError("text prompt for a model without a tokenizer")
             prompt = self.tokenizer.encode(prompt)
+        if self.dead:
+            raise EngineDeadError("the engine's step loop failed: RuntimeError('injected')")
         if len(prompt) >= self.max_model_len:
             raise PromptError(f"prompt of {len(prompt)} tokens >= max_model_len")
         if self.shut_down or (self.max_queued is not None and self.waiting >= self.max_queued):

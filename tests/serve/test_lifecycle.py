@@ -80,6 +80,17 @@ def test_a_failing_request_fails_alone(server):
     assert server.engine.stats().kv_blocks_used == 0
 
 
+def test_a_dead_engine_answers_503_and_health_says_so(server):
+    with server.http() as http:
+        assert http.get("/health").status_code == 200
+        server.engine.dead = True
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        response = http.post("/v1/completions", json=body)
+        assert response.status_code == 503 and "restarted" in response.json()["error"]["message"]
+        health = http.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "engine dead"
+
+
 def test_api_key_is_required_on_v1_only(serve):
     server = serve(api_key="sekret")
     with pytest.raises(openai.AuthenticationError, match="API key"):

@@ -25,7 +25,13 @@ from hwrun.serve.errors import APIError
 from hwrun.serve.metrics import CONTENT_TYPE, ServerMetrics
 from hwrun.serve.prompts import TokenText, chat_prompt, completion_prompts
 from hwrun.serve.protocol import ChatCompletionRequest, CompletionRequest
-from hwrun.serve.streams import ClientDisconnected, EngineRequest, RequestGroup, until_disconnected
+from hwrun.serve.streams import (
+    ENGINE_DEAD,
+    ClientDisconnected,
+    EngineRequest,
+    RequestGroup,
+    until_disconnected,
+)
 
 CLIENT_CLOSED = 499  # nginx's status for a request whose client went away (never sent)
 
@@ -41,6 +47,7 @@ class ServerState:
     model_name: str
     api_key: str | None = None
     draining: bool = False
+    engine_failure: str | None = None  # set when a request found the engine dead
     created: int = 0
 
 
@@ -50,7 +57,10 @@ def state_of(request: Request) -> ServerState:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    if state_of(request).draining:
+    state = state_of(request)
+    if state.engine_failure:
+        return JSONResponse({"status": "engine dead", "error": state.engine_failure}, 503)
+    if state.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
@@ -115,9 +125,12 @@ async def _respond(
     except ClientDisconnected:
         await group.aclose()
         return Response(status_code=CLIENT_CLOSED)
+    except APIError as err:
+        _note_engine_death(state, err)
+        raise
     if stream:
         return StreamingResponse(
-            _events(responder, group),
+            _events(state, responder, group),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -125,13 +138,16 @@ async def _respond(
         finals = await until_disconnected(request, group.final_outputs())
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
+    except APIError as err:
+        _note_engine_death(state, err)
+        raise
     finally:
         await group.aclose()
     return JSONResponse(responder.response(finals))
 
 
 async def _events(
-    responder: CompletionResponder | ChatResponder, group: RequestGroup
+    state: ServerState, responder: CompletionResponder | ChatResponder, group: RequestGroup
 ) -> AsyncIterator[str]:
     """The SSE stream; an engine failure mid-stream becomes an error event, then [DONE]. When the
     client disconnects Starlette cancels this generator: the group is closed shielded, so the
@@ -140,11 +156,18 @@ async def _events(
         async for event in responder.stream(group):
             yield event
     except APIError as err:
+        _note_engine_death(state, err)
         yield sse(json.dumps(err.body()))
         yield SSE_DONE
     finally:
         with anyio.CancelScope(shield=True):
             await group.aclose()
+
+
+def _note_engine_death(state: ServerState, err: APIError) -> None:
+    """A dead engine fails every request from now on: /health says so, for the orchestrator."""
+    if err.code == ENGINE_DEAD:
+        state.engine_failure = err.message
 
 
 def _check_model(state: ServerState, model: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from hwrun.engine.errors import PromptError, QueueFullError
+from hwrun.engine.errors import EngineDeadError, PromptError, QueueFullError
 from hwrun.engine.outputs import RequestOutput
 from hwrun.engine.sampling_params import SamplingParams
 from hwrun.serve.errors import APIError
@@ -28,6 +28,7 @@ from hwrun.serve.metrics import ServerMetrics
 
 log = logging.getLogger("hwrun.serve")
 RETRY_AFTER_S = 1
+ENGINE_DEAD = "engine_dead"  # the code of the error a request gets once the engine has died
 T = TypeVar("T")
 
 
@@ -177,6 +178,12 @@ def _as_api_error(err: BaseException) -> BaseException:
             f"the server is at capacity ({err}); retry after {RETRY_AFTER_S} s",
             code="queue_full",
             headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    if isinstance(err, EngineDeadError):
+        return APIError(
+            503,
+            f"the engine has stopped ({err}); this server cannot serve until it is restarted",
+            code=ENGINE_DEAD,
         )
     if isinstance(err, Exception):
         log.error("engine request failed: %r", err)
