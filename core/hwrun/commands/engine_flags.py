@@ -25,6 +25,7 @@ ENGINE_FLAGS = (
     "enable_prefix_caching",
     "batch_invariant",
     "no_fallback",
+    "no_cuda_graphs",
 )
 
 
@@ -86,6 +87,12 @@ def engine_flags(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--no-fallback", is_flag=True, help="Refuse to run an op on the reference fallback."
         ),
+        click.option(
+            "--no-cuda-graphs",
+            is_flag=True,
+            help="Run decode steps eagerly (by default they are captured on CUDA when every op "
+            "serving them is graph-safe).",
+        ),
     ]
     for flag in reversed(flags):
         command = flag(command)
@@ -97,6 +104,11 @@ def engine_config(options: dict[str, Any]):
     from hwrun import knobs
     from hwrun.engine.config import EngineConfig
 
-    values = {name: options[name] for name in ENGINE_FLAGS if name != "no_fallback"}
+    negated = ("no_fallback", "no_cuda_graphs")
+    values = {name: options[name] for name in ENGINE_FLAGS if name not in negated}
     values["platform"] = values["platform"] or knobs.default_platform()
-    return EngineConfig(allow_fallback=not options["no_fallback"], **values)
+    return EngineConfig(
+        allow_fallback=not options["no_fallback"],
+        cuda_graphs=not options["no_cuda_graphs"],
+        **values,
+    )
