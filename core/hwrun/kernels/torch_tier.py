@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from hwrun.ops.moe_route import RENORMALIZE_EPS
+from hwrun.ops.moe_route import route_unchecked
 from hwrun.registry import OpImpl, OpRegistry, OpSpec
 
 TORCH_TIER_PRIORITY = 5  # under Triton (10): the floor a GPU platform serves without syncs
@@ -42,40 +42,6 @@ def to_slots(
     return torch.where(valid, slots, torch.full_like(slots, -1)).to(torch.int32)
 
 
-def route(
-    router_logits: torch.Tensor,  # [T, E] float
-    top_k: int,
-    scoring: str = "softmax",
-    n_group: int | None = None,
-    topk_group: int | None = None,
-    e_score_correction_bias: torch.Tensor | None = None,  # [E] float
-    renormalize: bool = True,
-    routed_scaling_factor: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, k] float32, ids [T, k] int32
-    """``moe.route`` with the reference's operations (stable sorts: same ids, same bits)."""
-    logits = router_logits.float()
-    num_tokens, num_experts = logits.shape
-    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
-    choice = scores
-    if e_score_correction_bias is not None:
-        choice = scores + e_score_correction_bias.to(device=scores.device, dtype=torch.float32)
-    if n_group is not None and topk_group is not None and topk_group < n_group:
-        group_size = num_experts // n_group
-        grouped = choice.view(num_tokens, n_group, group_size)
-        top2 = torch.sort(grouped, dim=-1, descending=True).values[..., : min(2, group_size)]
-        group_scores = top2.sum(dim=-1)
-        best_groups = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices
-        keep = torch.zeros_like(group_scores, dtype=torch.bool)
-        keep.scatter_(1, best_groups[:, :topk_group], True)
-        eligible = keep.unsqueeze(-1).expand(-1, -1, group_size).reshape(num_tokens, num_experts)
-        choice = choice.masked_fill(~eligible, float("-inf"))
-    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
-    weights = scores.gather(1, ids)
-    if renormalize:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + RENORMALIZE_EPS)
-    return (weights * routed_scaling_factor).to(torch.float32), ids.to(torch.int32)
-
-
 def _on_cuda(spec: OpSpec) -> list[str]:
     if spec.device_type not in DEVICE_TYPES:
         return [
@@ -89,7 +55,7 @@ def register_torch_tier(registry: OpRegistry) -> None:
     """Register the graph-safe torch impls on ``registry`` (a GPU platform's)."""
     for op, fn, what in (
         ("indexer.to_slots", to_slots, "block-table lookup"),
-        ("moe.route", route, "sigmoid/softmax scores, grouped top-k, renormalize"),
+        ("moe.route", route_unchecked, "the reference's computation without its host checks"),
     ):
         registry.register(
             OpImpl(

@@ -48,11 +48,33 @@ def route(
 
     :raises ValueError: a shape, count or option that does not fit, naming what was expected.
     """
-    num_experts = _check_route_args(
-        router_logits, top_k, scoring, n_group, topk_group, e_score_correction_bias
+    _check_route_args(router_logits, top_k, scoring, n_group, topk_group, e_score_correction_bias)
+    return route_unchecked(
+        router_logits,
+        top_k,
+        scoring,
+        n_group,
+        topk_group,
+        e_score_correction_bias,
+        renormalize,
+        routed_scaling_factor,
     )
+
+
+def route_unchecked(
+    router_logits: torch.Tensor,  # [T, E] float
+    top_k: int,
+    scoring: str = "softmax",
+    n_group: int | None = None,
+    topk_group: int | None = None,
+    e_score_correction_bias: torch.Tensor | None = None,  # [E] float
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, k] float32, ids [T, k] int32
+    """The computation of :func:`route` without its argument checks (one of which, the NaN
+    check, reads the logits on the host): for callers that must not synchronise (a CUDA graph)."""
     logits = router_logits.float()
-    num_tokens = logits.shape[0]
+    num_tokens, num_experts = logits.shape
     scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
 
     choice = scores
