@@ -10,6 +10,14 @@ class UsageError(HwrunError):
     accept. The CLI prints it and exits 2, like a bad option."""
 
 
+class ReasonsError(HwrunError):
+    """A refusal with every reason at once: ``what`` could not be done, ``reasons`` say why."""
+
+    def __init__(self, what: str, reasons: list[str]):
+        self.reasons = list(reasons)
+        super().__init__("\n".join([f"{what}:", *(f"  - {reason}" for reason in self.reasons)]))
+
+
 class UnsupportedError(HwrunError):
     """A request that no implementation (or not the pinned one) can serve.
 

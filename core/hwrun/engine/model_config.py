@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hwrun.errors import HwrunError
+from hwrun.errors import ReasonsError, UsageError
 from hwrun.ops.indexer import INDEX_HEAD_DIM
 from hwrun.ops.sparse_mla import QK_DIM, V_DIM
 
@@ -24,13 +24,12 @@ LATENT_RANK = V_DIM  # kv_lora_rank: the latent the caches store
 ROPE_DIM = QK_DIM - V_DIM  # qk_rope_head_dim
 
 
-class ConfigError(HwrunError, ValueError):
-    """A config.json the engine cannot run; ``reasons`` names every problem."""
+class ConfigError(ReasonsError, UsageError, ValueError):
+    """A config.json the engine cannot run; ``reasons`` names every problem (exit 2 in the CLI:
+    the user pointed hwrun at it)."""
 
     def __init__(self, path: str, reasons: list[str]):
-        self.reasons = reasons
-        listed = "\n".join(f"  - {r}" for r in reasons)
-        super().__init__(f"{path} cannot be served by hwrun's engine:\n{listed}")
+        super().__init__(f"{path} cannot be served by hwrun's engine", reasons)
 
 
 @dataclass(frozen=True)
@@ -105,8 +104,8 @@ class _Reader:
 
     def integer(self, key: str, default: Any = ..., minimum: int = 1, maximum: int | None = None):
         value = self._get(key, default)
-        if value is None or value is ...:
-            return value
+        if value is None:
+            return None
         if not isinstance(value, int) or isinstance(value, bool):
             self.reasons.append(f"{key} must be an integer, got {value!r}")
             return None
@@ -118,8 +117,8 @@ class _Reader:
 
     def number(self, key: str, default: Any = ..., positive: bool = True):
         value = self._get(key, default)
-        if value is None or value is ...:
-            return value
+        if value is None:
+            return None
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not ok or not math.isfinite(value) or (positive and value <= 0):
             kind = "a positive finite number" if positive else "a finite number"
@@ -139,6 +138,7 @@ class _Reader:
             return self.raw[key]
         if default is ...:
             self.reasons.append(f"{key} is missing")
+            return None
         return default
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hwrun.engine.model_config import ModelConfig
-from hwrun.errors import HwrunError, UnsupportedError
+from hwrun.errors import ReasonsError, UnsupportedError
 from hwrun.ops.indexer import INDEX_HEAD_DIM
 from hwrun.ops.sparse_mla import QK_DIM
 from hwrun.registry import OpRegistry, OpSpec, Selection
@@ -33,13 +33,8 @@ ENGINE_OPS: tuple[str, ...] = (
 )
 
 
-class EngineStartupError(HwrunError):
+class EngineStartupError(ReasonsError):
     """The engine cannot start for this model on this platform; ``reasons`` has them all."""
-
-    def __init__(self, what: str, reasons: list[str]):
-        self.reasons = reasons
-        listed = "\n".join(f"  - {r}" for r in reasons)
-        super().__init__(f"{what}:\n{listed}")
 
 
 @dataclass(frozen=True)
