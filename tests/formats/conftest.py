@@ -29,3 +29,6 @@ def spread(gen: torch.Generator, *shape: int) -> torch.Tensor:
     """Random values over many binades (normal * 2^U(-12, 12)), the hard case for scales."""
     mant = torch.randn(*shape, generator=gen)
     return mant * torch.exp2(torch.randint(-12, 13, shape, generator=gen).float())
+
+
+E4M3FNUZ = ml_dtypes.float8_e4m3fnuz

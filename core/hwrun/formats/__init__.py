@@ -3,6 +3,8 @@
 Modules, one format family each (docs/formats.md states every rule and byte layout):
 
 - ``fp8``: E4M3 elements; per-tensor, per-group (128) and 128x128-block scales, fp32 or ue8m0.
+- ``e4m3fnuz``: E4M3 FNUZ elements (AMD gfx942's fp8) and the exact e4m3fn -> FNUZ boundary
+  conversion.
 - ``e8m0``: power-of-two scales (bias 127, 0xFF = NaN).
 - ``mxfp4``: E2M1 elements with one E8M0 scale per 32 (OCP MX v1.0), FLOOR or RCEIL.
 - ``nvfp4``: E2M1 elements with one E4M3 scale per 16 and an fp32 tensor scale.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hwrun.formats import fp8, int4, mxfp4, nvfp4
+from hwrun.formats import e4m3fnuz, fp8, int4, mxfp4, nvfp4
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,16 @@ NUMERIC_FORMATS: dict[str, NumericFormat] = {
             "FP8 E4M3 elements, no scale",
             lambda x: (fp8.encode_e4m3(x),),
             fp8.decode_e4m3,
+        ),
+        NumericFormat(
+            "e4m3fnuz",
+            8,
+            (),
+            0,
+            0,
+            "FP8 E4M3 FNUZ (gfx942: bias 8, max 240, NaN 0x80, no -0), no scale",
+            lambda x: (e4m3fnuz.encode_e4m3fnuz(x),),
+            e4m3fnuz.decode_e4m3fnuz,
         ),
         NumericFormat(
             "fp8_per_tensor",
