@@ -45,7 +45,8 @@ def main() -> int:
         seconds = time.perf_counter() - start
         print(
             f"{args.backend} W={world} on {device}: {status} in {seconds:.1f} s "
-            f"(rows resent by the adversarial top-k merge: {results[0]['resent_rows']})"
+            f"(adversarial top-k rows through the resend round: {results[0]['resent_rows']}, "
+            f"the tie round: {results[0]['tie_rows']})"
         )
     return 1 if failed else 0
 

@@ -15,56 +15,104 @@ import torch
 from hwrun.collectives import dcp, tsp
 from hwrun.collectives.communicator import CollectiveError, Communicator
 from hwrun.ops import sparse_mla
-from hwrun.ops.topk import topk as reference_topk
+from hwrun.ops.topk import topk as reference_topk_op
 
 NEG_INF = float("-inf")
 
 
-def reference_topk_sets(scores: torch.Tensor, k: int, world: int) -> list[set[int]]:
-    """The single-device top-k of global scores [R, L] as global token sets, under the merge's
-    order: bf16-rounded score, then rank, then local index. That order is the reference's
-    smallest-index rule over the tokens laid out rank-major (rank 0's tokens, then rank 1's...);
-    tokens whose bf16 score is -inf (or NaN) are never selected."""
+def reference_topk(
+    scores: torch.Tensor,  # [R, L] every token's score, in token order
+    k: int,
+    lengths: torch.Tensor | None = None,  # [R] row lengths; None: every column
+) -> torch.Tensor:
+    """The single-device ``indexer.topk`` on the fp32 scores: [R, k] token positions, -1 padded."""
     rows, length = scores.shape
-    rank_major = torch.cat([torch.arange(length)[r::world] for r in range(world)])
-    rounded = scores.float().to(torch.bfloat16).float()[:, rank_major]
-    ends = torch.full((rows,), length, dtype=torch.int32)
-    best = reference_topk(rounded, torch.zeros_like(ends), ends, k).long()
-    sets = []
-    for i in range(rows):
-        picked = best[i][best[i] >= 0]
-        picked = picked[~torch.isneginf(rounded[i, picked]) & ~torch.isnan(rounded[i, picked])]
-        sets.append(set(rank_major[picked].tolist()))
-    return sets
+    ends = torch.full((rows,), length) if lengths is None else lengths
+    starts = torch.zeros(rows, dtype=torch.int32)
+    return reference_topk_op(scores.float(), starts, ends.to(torch.int32), k)
 
 
-def merged_sets(comm: Communicator, result: dcp.TopkMergeResult) -> list[set[int]]:
-    glob = dcp.local_to_global(result.local_indices.long(), comm.rank, comm.world_size)
-    everyone = comm.all_gather(glob)  # [W, R, k]
+def rank_share(best: torch.Tensor, rank: int, world: int) -> list[list[int]]:
+    """Per row, the local indices of ``rank``'s tokens in ``best`` [R, k], in ``best``'s order:
+    what that rank's merge must return."""
+    return [[t // world for t in row.tolist() if t >= 0 and t % world == rank] for row in best]
+
+
+def merged_lists(result: dcp.TopkMergeResult) -> list[list[int]]:
+    """Per row, the local indices the merge selected on this rank, best first."""
     return [
-        set(row[row >= 0].tolist()) for row in everyone.transpose(0, 1).reshape(glob.shape[0], -1)
+        row[:n].tolist()
+        for row, n in zip(result.local_indices.long(), result.num_local.tolist(), strict=True)
+    ]
+
+
+def shard_and_merge(
+    comm: Communicator,
+    scores: torch.Tensor,  # [R, L] the global scores; this rank takes its shard
+    k: int,
+    lengths: torch.Tensor | None = None,
+    candidates: int | None = None,
+    device: str = "cpu",
+) -> dcp.TopkMergeResult:
+    world, rank = comm.world_size, comm.rank
+    shard = dcp.shard_context(scores.T, rank, world).T.contiguous().to(device)
+    sent_lengths = None if lengths is None else lengths.to(device)
+    return dcp.topk_merge(comm, shard, k, lengths=sent_lengths, candidates=candidates)
+
+
+def mismatched_rows(
+    merged: list[list[list[int]]],  # per rank, merged_lists of its result
+    scores: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor | None = None,
+) -> list[int]:
+    """Rows where some rank's selection differs from its share of the reference top-k."""
+    best = reference_topk(scores, k, lengths)
+    world = len(merged)
+    wants = [rank_share(best, rank, world) for rank in range(world)]
+    return [
+        i
+        for i in range(scores.shape[0])
+        if any(merged[rank][i] != wants[rank][i] for rank in range(world))
     ]
 
 
 def compare_merge(
-    comm: Communicator, scores: torch.Tensor, k: int, label: str, device: str
-) -> list[str]:
-    """Run the merge on this rank's shard of ``scores`` [R, L] and compare with the reference."""
+    comm: Communicator,
+    scores: torch.Tensor,  # [R, L] the global scores; each rank takes its shard
+    k: int,
+    label: str,
+    device: str,
+    lengths: torch.Tensor | None = None,
+    candidates: int | None = None,
+) -> tuple[list[str], dcp.TopkMergeResult]:
+    """Run the merge on this rank's shard of ``scores`` and compare its tokens, in order, with
+    this rank's share of the single-device top-k; also check the ranks agree on the rounds."""
     world, rank = comm.world_size, comm.rank
-    result = dcp.topk_merge(comm, scores[:, rank::world].to(device), k)
-    got = merged_sets(comm, result)
-    want = reference_topk_sets(scores, k, world)
+    result = shard_and_merge(comm, scores, k, lengths, candidates, device)
+    got = merged_lists(result)
+    want = rank_share(reference_topk(scores, k, lengths), rank, world)
+    where = f"{label} W={world} k={k} c={candidates} rank {rank}"
     problems = [
-        f"{label} W={world} k={k} row {i}: {len(got[i])} merged vs {len(want[i])} reference, "
-        f"{len(got[i] ^ want[i])} differ"
+        f"{where} row {i}: merged {got[i][:8]}... vs reference {want[i][:8]}... "
+        f"({len(got[i])} vs {len(want[i])} tokens)"
         for i in range(len(want))
         if got[i] != want[i]
     ]
-    # every rank must agree on the threshold and on who resent
-    agreed = comm.all_gather(torch.cat([result.threshold, result.resend.long().flatten()]))
+    padding = result.local_indices.long().cpu() >= 0
+    if not torch.equal(padding.sum(1), result.num_local.long().cpu()):
+        problems.append(f"{where}: local_indices is not num_local ids then -1")
+    shared = torch.cat(
+        [
+            result.resend.long().flatten().cpu(),
+            result.tie_round.long().cpu(),
+            torch.tensor([result.rounds]),
+        ]
+    )
+    agreed = comm.all_gather(shared.to(device))
     if not bool((agreed == agreed[0]).all()):
-        problems.append(f"{label} W={world} k={k}: ranks disagree on threshold or resend flags")
-    return problems
+        problems.append(f"{where}: ranks disagree on resend flags, tie rounds or rounds")
+    return problems, result
 
 
 def check_topk_random(comm: Communicator, device: str) -> list[str]:
@@ -72,50 +120,73 @@ def check_topk_random(comm: Communicator, device: str) -> list[str]:
     for seed, (rows, length, k) in enumerate([(6, 300, 32), (4, 1000, 96), (3, 97, 7)]):
         g = torch.Generator().manual_seed(seed)
         scores = torch.randn(rows, length, generator=g)
-        problems += compare_merge(comm, scores, k, f"random seed {seed}", device)
+        problems += compare_merge(comm, scores, k, f"random seed {seed}", device)[0]
         relu_sum = torch.relu(torch.randn(rows, length, 4, generator=g)).sum(-1)  # indexer-like
-        problems += compare_merge(comm, relu_sum, k, f"relu-sum seed {seed}", device)
+        problems += compare_merge(comm, relu_sum, k, f"relu-sum seed {seed}", device)[0]
+        lengths = torch.randint(0, length + 1, (rows,), generator=g)
+        problems += compare_merge(comm, relu_sum, k, f"lengths seed {seed}", device, lengths)[0]
     return problems
 
 
-def check_topk_adversarial(comm: Communicator, device: str) -> tuple[list[str], int]:
-    """Adversarial rows; also returns how many rows took the resend path on this rank."""
+def check_topk_adversarial(comm: Communicator, device: str) -> tuple[list[str], dict[str, int]]:
+    """Adversarial rows; also returns how many rows took the resend and the tie rounds."""
     world = comm.world_size
     g = torch.Generator().manual_seed(100 + world)
-    length, k = 24 * world + 5, 32
+    length, k = 24 * world + 29, 32  # rows longer than k + 3 at every W
     cols = torch.arange(length)
-    problems, resent = [], 0
+    problems, rounds = [], {"resent_rows": 0, "tie_rows": 0}
+
+    def compare(scores, k, label, lengths=None, candidates=None):
+        found, result = compare_merge(comm, scores, k, label, device, lengths, candidates)
+        problems.extend(found)
+        return result
+
     winners = torch.randn(4, length, generator=g)
     for row, owner in enumerate([0, world - 1, world // 2, 0]):
         winners[row, cols % world == owner] += 100.0  # every winner on one rank
-    result = dcp.topk_merge(comm, winners[:, comm.rank :: world].to(device), k)
-    resent += int(result.resend.any(1).sum())
+    result = compare(winners, k, "winners-on-one-rank")
+    rounds["resent_rows"] += int(result.resend.any(1).sum())
     if world > 1 and not bool(result.resend.any(1).all()):
         problems.append(f"winners-on-one-rank W={world}: the resend path did not run on every row")
-    problems += compare_merge(comm, winners, k, "winners-on-one-rank", device)
+    compare(winners, k, "winners-on-one-rank, c = k", candidates=k)
+
+    # ReLU with one index head: about half the scores are exactly 0, and fewer than k are
+    # positive, so the k-th score is 0 and its ties straddle the threshold on every rank
+    zeros = torch.relu(torch.randn(4, length, generator=g))
+    zeros[:, k // 3 :] = 0.0
+    zeros[1] = 0.0  # every score 0: the top-k is tokens 0 .. k-1
+    zeros[2, ::3] = -0.0  # -0 ties with +0
+    result = compare(zeros, k, "relu zeros")
+    rounds["tie_rows"] += int(result.tie_round.sum())
+    if world > 1 and not bool(result.tie_round.all()):
+        problems.append(f"relu zeros W={world}: the tie round did not run on every row")
+    compare(zeros, k, "relu zeros, c = k", candidates=k)
+    zero_lengths = torch.tensor([length, k + 3, length - 1, length - 7])
+    compare(zeros, k, "relu zeros, lengths", zero_lengths)
 
     ties = torch.randint(0, 3, (5, length), generator=g).float()  # few distinct values
-    ties[1] = 0.0  # one all-equal row (ReLU zeros)
-    ties[2] = 1.0 + torch.rand(length, generator=g) * 2**-10  # distinct in fp32, equal in bf16
-    ties[3, ::2] = -0.0  # -0 and +0 tie
-    ties[3, 1::2] = 0.0
-    ties[4] = torch.where(cols % 5 == 0, float("nan"), ties[4])  # NaN never selected
-    problems += compare_merge(comm, ties, k, "ties", device)
+    ties[1] = 1.0 + torch.rand(length, generator=g) * 2**-10  # distinct in fp32, equal in bf16
+    ties[2] = torch.where(cols % 5 == 0, float("nan"), ties[2])  # NaN is -inf
+    ties[3] = torch.where(cols % 8 == 1, 0.0, float("-inf"))  # -inf tokens fill the top-k
+    ties[3, 3] = 5.0
+    ties[4] = float("-inf")  # every token -inf: still the k smallest positions
+    compare(ties, k, "ties")
 
     short = torch.randn(5, length, generator=g)
-    for row, valid in enumerate([0, 1, world - 1, k // 2, k + 1]):  # rows shorter than k
-        short[row, valid:] = NEG_INF
-    problems += compare_merge(comm, short, k, "short rows", device)
+    short_lengths = torch.tensor([0, 1, world - 1, k // 2, k + 1])  # rows shorter than k
+    compare(short, k, "short rows", short_lengths)
+    result = compare(short, k, "lengths <= k", torch.tensor([0, 1, k, k // 2, world]))
+    if result.rounds != 0:
+        problems.append(f"lengths <= k W={world}: {result.rounds} collectives, expected none")
+    compare(short[:, : k // 2], k, "every row shorter than k")  # all selected, as -1 padding
 
     big_k = 3 * length // 4  # k larger than any rank's share, rows longer than k
-    problems += compare_merge(comm, torch.randn(3, length, generator=g), big_k, "k > share", device)
-    problems += compare_merge(
-        comm, torch.randn(3, length, generator=g), length + 9, "k > L", device
-    )
-    problems += compare_merge(comm, torch.randn(3, length, generator=g), 1, "k = 1", device)
-    tiny = torch.randn(2, world - 1, generator=g)  # the last rank holds no token at all
-    problems += compare_merge(comm, tiny, 4, "L < W", device)
-    return problems, resent
+    compare(torch.randn(3, length, generator=g), big_k, "k > share")
+    compare(torch.randn(3, length, generator=g), length + 9, "k > L")
+    compare(torch.randn(3, length, generator=g), 1, "k = 1")
+    compare(torch.randn(2, world - 1, generator=g), 4, "L < W: the last rank holds nothing")
+    compare(torch.zeros(2, 0), 4, "L = 0: every shard empty")
+    return problems, rounds
 
 
 def check_lse_combine(comm: Communicator, device: str) -> list[str]:
@@ -127,16 +198,13 @@ def check_lse_combine(comm: Communicator, device: str) -> list[str]:
     kv = torch.randn(length, sparse_mla.QK_DIM, generator=g)
     scores = torch.randn(rows, length, generator=g)
     scores[1, torch.arange(length) % world == 0] += 50.0  # ranks > 0 hold nothing: lse -inf
-    scores[2] = NEG_INF  # an empty row: out 0, lse -inf
+    lengths = torch.tensor([length, length, 0])  # row 2 is empty: out 0, lse -inf
     scale = sparse_mla.QK_DIM**-0.5
 
-    want_sets = reference_topk_sets(scores, k, world)
-    want_idx = torch.full((rows, k), -1, dtype=torch.int32)
-    for i, chosen in enumerate(want_sets):
-        want_idx[i, : len(chosen)] = torch.tensor(sorted(chosen), dtype=torch.int32)
+    want_idx = reference_topk(scores, k, lengths)
     want_out, want_lse = sparse_mla.prefill(q, kv, want_idx, scale)
 
-    merged = dcp.topk_merge(comm, scores[:, rank::world].to(device), k)
+    merged = shard_and_merge(comm, scores, k, lengths, device=device)
     part_out, part_lse = sparse_mla.prefill(
         q, dcp.shard_context(kv, rank, world), merged.local_indices.cpu(), scale
     )
@@ -210,12 +278,12 @@ def check_communicator(comm: Communicator, device: str) -> list[str]:
 def run_all(comm: Communicator, device: str = "cpu") -> dict[str, object]:
     """Every check; ``device`` holds the tensors the collectives see ("cuda" under NCCL, with
     spawn_group(..., backend="nccl")); references run on the CPU."""
-    adversarial, resent_rows = check_topk_adversarial(comm, device)
+    adversarial, rounds = check_topk_adversarial(comm, device)
     return {
         "communicator": check_communicator(comm, device),
         "topk_random": check_topk_random(comm, device),
         "topk_adversarial": adversarial,
-        "resent_rows": resent_rows,
+        **rounds,  # resent_rows, tie_rows
         "lse_combine": check_lse_combine(comm, device),
         "tsp": check_tsp(comm, device),
         "gather_context": check_gather_context(comm, device),

@@ -29,6 +29,7 @@ def test_matches_single_device(report: dict, check: str) -> None:
     assert _problems(report, check) == []
 
 
-def test_adversarial_inputs_take_the_resend_path(report: dict) -> None:
-    # the winners-on-one-rank rows must need a second round on every rank
+def test_adversarial_inputs_take_the_resend_and_tie_rounds(report: dict) -> None:
+    # the winners-on-one-rank rows need the resend round, the ReLU-zero rows the tie round
     assert all(r["resent_rows"] >= 4 for r in report["ranks"])
+    assert all(r["tie_rows"] >= 4 for r in report["ranks"])

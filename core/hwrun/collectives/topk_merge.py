@@ -1,30 +1,37 @@
-"""The exact one-round DCP top-k merge (``dcp.topk_merge``).
+"""The exact DCP top-k merge (``dcp.topk_merge``): fp32 scores on the wire, ids stay local.
 
-Under DCP rank r of W holds tokens r, r + W, r + 2W, ... (local index j is global token
-j * W + r), so each rank can rank only its own tokens. The generic merge sends every rank's full
-local top-k as fp32 score + int32 id pairs (8 bytes * k per row per peer). This merge sends
-``c = min(k, ceil(1.5 * k / W))`` 32-bit words per row per peer, about ``4W/3`` times fewer bytes
-(10.7x at W = 8), and stays exact.
+Under DCP rank r of W holds tokens r, r + W, r + 2W, ... of each request (local index j is
+token ``j * W + r``), so each rank can rank only its own tokens. The merge selects exactly the
+set that the single-device ``indexer.topk`` selects on the request's fp32 scores in token
+order: a higher score first; among equal scores the smaller token position (-0 equals +0); -inf
+(and NaN, read as -inf) inside the row's range after every other score; fewer than k tokens:
+all of them. The tokens each rank returns are its share of that set, best first.
 
-Order. Scores are rounded to bf16 (round to nearest even); -0 counts as +0; a token whose bf16
-score is -inf or NaN is never selected. Candidates are ordered by score (higher first), then by
-rank (lower first), then by local index (lower first). Every rank applies the same order, so
-every rank selects the same set: exactly ``min(k, number of selectable tokens)`` tokens.
+Wire. Scores travel as fp32 values alone, each rank's sorted descending, NaN for "no candidate"
+(a NaN score is read as -inf before, so NaN is free). Ids stay on their rank. Because a rank's
+sorted list orders equal scores by local index, and token position ``j * W + r`` grows with j,
+the selected tokens of every rank are a prefix of its sorted list: each rank only has to learn
+how long its prefix is.
 
-Packing. A word is ``(score16 << 16) | (0xFFFF - ordinal)``, sent as int32. ``score16`` is the
-bf16 bit pattern made order-preserving (negative: all bits flipped; positive: sign bit set), 0
-for "no candidate"; ``ordinal`` is the candidate's position in its rank's sorted local list
-(ids stay local: a receiver learns ranks and ordinals, never token ids). Within a rank the
-ordinal order is the local-index order among equal scores, so a receiver orders candidates by
-``(score16, rank, ordinal)`` without the ids. Ordinals need k <= 65536.
+Rounds (the second and third only for the rows that need them; every rank computes the same
+decisions from the same data, so every rank runs the same collectives):
 
-Rounds. Round 1 all-gathers every rank's best c words per row; each rank takes the k-th best
-as the threshold. A rank that sent c candidates, all strictly better than that threshold (or all
-selected because the row has fewer than k candidates), may hold more of the top-k than it sent:
-every rank computes the same flags, and round 2 (only when some row is flagged) sends the
-flagged rows' remaining local top-k words (ordinals c..k-1) by all-to-all. Ranks not flagged
-cannot hold more: their worst sent candidate already lost to the round-1 threshold, which the
-final threshold can only raise.
+1. all-gather every rank's best ``c`` scores per row (``c = min(k, ceil(1.5 k / W))`` by
+   default; ``candidates=k`` sends all k, the seed's AMD variant, and never needs round 2). The
+   k-th largest gathered score is the round-1 threshold T1.
+2. resend: a rank that sent c scores, its worst at or above T1 (or all of them, when the row has
+   fewer than k gathered), may hold more of the top-k: it sends the rest of its local top-k
+   scores by all-to-all. A rank not flagged has its unsent scores strictly below T1, and the
+   final threshold is at least T1, so they can never be selected or tie.
+3. ties: with the final threshold T (the k-th largest known score), every rank knows how many
+   scores each rank holds above T and at T, and how many T-ties the top-k still needs. When the
+   ties at T are held by two or more ranks and not all of them fit, the tied ranks send the
+   local indices of their first ``min(ties, needed)`` tied tokens; every rank finds the needed
+   smallest token positions ``j * W + r`` among them and so its own count.
+
+Exactness: every score above T is selected, none below; at T the smallest positions win, which
+is the single-device rule, and a rank's tied tokens beyond its first ``needed`` can never be
+among the needed smallest.
 """
 
 from __future__ import annotations
@@ -36,154 +43,242 @@ import torch
 
 from hwrun.collectives.communicator import CollectiveError, Communicator
 
-MAX_K = 1 << 16  # ordinals live in 16 bits
-_WORD_BYTES = 4
-_NO_CANDIDATE = 0
+_SCORE_BYTES = 4  # fp32 on the wire
+_INDEX_BYTES = 4  # int32 local indices in the tie round
+_NO_CANDIDATE = float("nan")
 
 
 @dataclass(frozen=True)
 class TopkMergeResult:
     """This rank's share of the global top-k and what the merge cost.
 
-    ``local_indices`` and ``num_local`` differ per rank; ``resend`` and ``threshold`` are the
-    same on every rank.
+    ``local_indices`` and ``num_local`` differ per rank; ``resend``, ``tie_round``,
+    ``threshold`` and ``rounds`` are the same on every rank.
     """
 
     local_indices: torch.Tensor  # [R, k] int32 local ids in the top-k, best first, -1 padded
     num_local: torch.Tensor  # [R] int32: valid entries of local_indices per row
-    resend: torch.Tensor  # [R, W] bool: rank w resent row i in round 2
-    threshold: torch.Tensor  # [R] int64: key of the k-th selected candidate (1: row has < k)
-    bytes_sent: int  # payload this rank sent to its peers, both rounds
+    resend: torch.Tensor  # [R, W] bool: rank w resent its remaining scores of row i (round 2)
+    tie_round: torch.Tensor  # [R] bool: row i's ties at the threshold took round 3
+    threshold: torch.Tensor  # [R] float32: the k-th score; NaN where every candidate is selected
+    rounds: int  # collectives this merge ran (0 to 3)
+    bytes_sent: int  # payload this rank sent to its peers, every round
 
 
 def candidates_per_rank(k: int, world_size: int) -> int:
-    """c = min(k, ceil(1.5 * k / W)): the round-1 candidates each rank sends per row."""
+    """c = min(k, ceil(1.5 * k / W)): the default round-1 scores each rank sends per row."""
     return min(k, math.ceil(1.5 * k / world_size))
-
-
-def orderable_bf16(scores: torch.Tensor) -> torch.Tensor:
-    """bf16-rounded scores as int64 keys in [0, 0xFFFF] whose order is the score order.
-
-    -0 and +0 map to one key; -inf and NaN (never selected) map to 0.
-    """
-    s = scores.float()
-    s = torch.where(torch.isnan(s), float("-inf"), s) + 0.0  # + 0.0 turns -0 into +0
-    bits = s.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
-    key = torch.where(bits >= 0x8000, 0xFFFF - bits, bits | 0x8000)
-    neg_inf_key = 0xFFFF - 0xFF80  # -inf sorts below every finite bf16
-    return torch.where(key <= neg_inf_key, _NO_CANDIDATE, key)
-
-
-def merge_key(
-    score16: torch.Tensor, rank: int | torch.Tensor, ordinal: torch.Tensor
-) -> torch.Tensor:
-    """The total order every rank applies: score, then lower rank, then lower ordinal.
-
-    int64 keys, unique per (rank, ordinal); 0 where ``score16`` is 0 (no candidate).
-    """
-    key = (score16 << 32) | ((0xFFFF - rank) << 16) | (0xFFFF - ordinal)
-    return torch.where(score16 == _NO_CANDIDATE, 0, key)
 
 
 def topk_merge(
     comm: Communicator,
-    scores: torch.Tensor,  # [R, L_local] float32 or bfloat16: this rank's tokens, -inf where unseen
+    scores: torch.Tensor,  # [R, L_local] floating: this rank's tokens of each row's request
     k: int,
+    *,
+    lengths: torch.Tensor | None = None,  # [R] int: each row's context length L (global)
+    candidates: int | None = None,
 ) -> TopkMergeResult:
-    """Select the exact global top-k of DCP-sharded scores; see the module docstring."""
+    """Select exactly the single-device ``indexer.topk`` set of DCP-sharded scores.
+
+    ``scores`` are compared as fp32 (lower precisions widen exactly). ``lengths`` (the same on
+    every rank) limits row i to its request's tokens ``0 .. L_i - 1``: this rank's local columns
+    ``j < ceil((L_i - rank) / W)``; later columns are ignored. Without it every column is a
+    token of the row. ``candidates`` is the round-1 scores per rank per row (default
+    :func:`candidates_per_rank`). See the module docstring for the rounds.
+    """
     rank, world = comm.rank, comm.world_size
-    if scores.dim() != 2:
-        raise ValueError(
-            f"dcp.topk_merge scores must be [R, L_local] (rows x this rank's tokens), got shape "
-            f"{list(scores.shape)}"
-        )
-    if not 1 <= k <= MAX_K:
-        raise ValueError(
-            f"dcp.topk_merge packs ordinals in 16 bits: k must be in [1, {MAX_K}], got {k}"
-        )
-    rows, local_len = scores.shape
+    rows, local_len = _check_inputs(scores, k, lengths, candidates, rank, world)
     device = scores.device
-    c = candidates_per_rank(k, world)
+    if lengths is None:
+        held = torch.full((rows,), local_len, dtype=torch.int64, device=device)
+        width = k  # the peers' shares are unknown: any rank may fill k
+    else:
+        lengths = lengths.to(device=device, dtype=torch.int64)
+        held = (lengths - rank + world - 1).div(world, rounding_mode="floor").clamp(min=0)
+        longest = int(lengths.max()) if rows else 0
+        width = min(k, -(-longest // world))  # rank 0 holds the most: ceil(L / W)
+    mine = held.clamp(max=width)  # [R] this rank's candidates: its tokens, at most k
 
-    # This rank's sorted local top-k: ties by lower local index (unique int64 keys, so topk's
-    # unspecified tie order never matters).
-    score16 = orderable_bf16(scores)
-    local_ids = torch.arange(local_len, device=device, dtype=torch.int64)
-    m = min(k, local_len)
-    local_order = torch.topk((score16 << 32) | (0xFFFFFFFF - local_ids), m, dim=1).indices
-    sorted16 = _pad_cols(torch.gather(score16, 1, local_order), k)  # [R, k]
-    ordinals = torch.arange(k, device=device, dtype=torch.int64)
-    words = torch.where(sorted16 == _NO_CANDIDATE, 0, (sorted16 << 16) | (0xFFFF - ordinals))
+    # This rank's tokens sorted best first; a stable sort keeps equal scores in local-index
+    # order, and columns outside the row (set to -inf) after its own -inf tokens.
+    column = torch.arange(local_len, device=device)
+    s = scores.float()
+    s = torch.where(s.isnan() | (column >= held[:, None]), float("-inf"), s)
+    ordered = torch.sort(s, dim=1, descending=True, stable=True)
+    slot = torch.arange(width, device=device)
+    values = _pad_cols(ordered.values, width, _NO_CANDIDATE)
+    values = torch.where(slot < mine[:, None], values, _NO_CANDIDATE)  # [R, width]
+    order = _pad_cols(ordered.indices, width, -1)  # [R, width] local ids
 
-    gathered = comm.all_gather(_to_int32(words[:, :c]))  # [W, R, c]
-    ranks = torch.arange(world, device=device, dtype=torch.int64).view(world, 1, 1)
-    round1 = _keys_from_words(_from_int32(gathered), ranks, 0)  # [W, R, c]
-    threshold = _kth_key(round1.permute(1, 0, 2).reshape(rows, -1), k)
-    last = round1[:, :, c - 1].T  # [R, W]: each rank's worst sent candidate
-    # threshold is 1 on rows with fewer than k candidates, so there every full sender resends
-    resend = last > threshold[:, None] if c < k else torch.zeros_like(last, dtype=torch.bool)
+    resend = torch.zeros(rows, world, dtype=torch.bool, device=device)
+    if lengths is not None and bool((lengths <= k).all()):
+        # every row has at most k tokens (known to every rank): all are selected, nothing to send
+        every = torch.full((rows,), _NO_CANDIDATE, device=device)
+        return _result(order, mine, k, resend, resend[:, 0], every, 0, 0)
 
-    bytes_sent = (world - 1) * rows * c * _WORD_BYTES
+    c = min(candidates or candidates_per_rank(k, world), width)
+    known = torch.full((world, rows, width), _NO_CANDIDATE, device=device)  # [W, R, width]
+    known[:, :, :c] = comm.all_gather(values[:, :c].contiguous())
+    _check_sorted(known)
+    rounds, bytes_sent = 1, (world - 1) * rows * c * _SCORE_BYTES
+
+    if c < width:
+        first_threshold, cut = _kth_score(known, k)
+        worst = known[:, :, c - 1]  # [W, R], NaN where a rank had fewer than c
+        resend = (~worst.isnan() & (~cut | (worst >= first_threshold))).T
     if bool(resend.any()):
         counts = resend.sum(0).tolist()
-        mine = resend[:, rank].nonzero().squeeze(1)
-        payload = _to_int32(words[mine, c:])  # [rows this rank resends, k - c]
-        received = comm.all_to_all([payload] * world, [(n, k - c) for n in counts])
-        bytes_sent += (world - 1) * payload.numel() * _WORD_BYTES
-        extra = torch.zeros(world, rows, k - c, dtype=torch.int64, device=device)
+        payload = values[resend[:, rank], c:].contiguous()  # [rows this rank resends, width - c]
+        received = comm.all_to_all([payload] * world, [(n, width - c) for n in counts])
         for sender, part in enumerate(received):
-            extra[sender, resend[:, sender]] = _from_int32(part)
-        round2 = _keys_from_words(extra, ranks, c)
-        again = resend.any(1)
-        both = torch.cat([round1, round2], dim=2)[:, again]  # [W, rows again, k]
-        threshold[again] = _kth_key(both.permute(1, 0, 2).reshape(int(again.sum()), -1), k)
+            known[sender, resend[:, sender], c:] = part
+        _check_sorted(known)
+        rounds += 1
+        bytes_sent += (world - 1) * payload.numel() * _SCORE_BYTES
 
-    own = merge_key(sorted16, rank, ordinals)  # [R, k], keys of this rank's sorted local list
-    selected = (own != 0) & (own >= threshold[:, None])  # a prefix of each row
-    order = _pad_cols(local_order, k, fill=-1)
-    local_indices = torch.where(selected, order, -1).to(torch.int32)
+    threshold, cut = _kth_score(known, k)
+    valid = ~known.isnan()
+    above = (valid & (known > threshold[None, :, None])).sum(2)  # [W, R]
+    ties = (known == threshold[None, :, None]).sum(2)  # [W, R]
+    needed = k - above.sum(0)  # [R] ties the top-k takes (rows that cut)
+    taken = torch.minimum(ties, needed)  # [W, R] the first ties each rank could give
+    holders = (ties > 0).sum(0)
+    tie_round = cut & (holders >= 2) & (ties.sum(0) > needed)
+    # one holder takes all it needs; ties that all fit are all taken
+    chosen = taken[rank].clone()
+    if bool(tie_round.any()):
+        tied_rows = tie_round.nonzero().squeeze(1)
+        chosen[tied_rows], sent = _break_ties(
+            comm, order[tied_rows], above[:, tied_rows], taken[:, tied_rows], needed[tied_rows]
+        )
+        rounds += 1
+        bytes_sent += (world - 1) * sent * _INDEX_BYTES
+
+    count = torch.where(cut, above[rank] + chosen, mine)
+    threshold = torch.where(cut, threshold, _NO_CANDIDATE)
+    return _result(order, count, k, resend, tie_round, threshold, rounds, bytes_sent)
+
+
+def _break_ties(
+    comm: Communicator,
+    order: torch.Tensor,  # [n, width] this rank's sorted local ids of the tied rows
+    above: torch.Tensor,  # [W, n] each rank's scores above the threshold
+    taken: torch.Tensor,  # [W, n] each rank's ties that may be needed: min(ties, needed)
+    needed: torch.Tensor,  # [n] ties the top-k takes
+) -> tuple[torch.Tensor, int]:
+    """Round 3: this rank's tied tokens among the ``needed`` smallest token positions of every
+    rank's tied tokens. Returns its count per row and the local ids it sent."""
+    rank, world = comm.rank, comm.world_size
+    n, width = order.shape
+    span = int(taken.max())
+    slot = torch.arange(span, device=order.device)
+    position = (above[rank][:, None] + slot).clamp(max=width - 1)
+    mask_mine = slot < taken[rank][:, None]
+    payload = order.gather(1, position)[mask_mine].to(torch.int32)
+    counts = taken.sum(1).tolist()
+    received = comm.all_to_all([payload] * world, [(m,) for m in counts])
+    unused = torch.iinfo(torch.int64).max
+    tokens = torch.full((world, n, span), unused, dtype=torch.int64, device=order.device)
+    for sender, part in enumerate(received):
+        tokens[sender][slot < taken[sender][:, None]] = _token_position(part.long(), sender, world)
+    ranked = torch.sort(tokens.permute(1, 0, 2).reshape(n, world * span), dim=1).values
+    last = ranked.gather(1, (needed - 1)[:, None])  # [n, 1] the needed-th smallest position
+    return (tokens[rank] <= last).sum(1), payload.numel()
+
+
+def _token_position(local: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """The tie rule's order: token ``local * W + rank`` of the request (DCP's round-robin)."""
+    return local * world + rank
+
+
+def _check_sorted(known: torch.Tensor) -> None:
+    # every rank's list must arrive as it was sent: scores non-increasing, then NaN padding
+    valid = ~known.isnan()
+    gap = valid[..., 1:] & ~valid[..., :-1]
+    rising = valid[..., 1:] & (known[..., 1:] > known[..., :-1])
+    if bool((gap | rising).any()):
+        raise CollectiveError(
+            "dcp.topk_merge received candidate scores out of order: the communicator returned "
+            "data in a different layout than it was sent; check its all_gather / all_to_all "
+            "against the Communicator docstrings"
+        )
+
+
+def _kth_score(known: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[R] the k-th largest known score per row, and [R] whether the row has more than k."""
+    rows = known.shape[1]
+    valid = ~known.isnan()
+    flat = torch.where(valid, known, float("-inf")).permute(1, 0, 2).reshape(rows, -1)
+    if flat.shape[1] >= k:
+        kth = torch.topk(flat, k, dim=1).values[:, -1]  # fillers are -inf: never above a score
+    else:
+        kth = torch.full((rows,), float("-inf"), device=known.device)
+    return kth, valid.sum((0, 2)) > k
+
+
+def _result(
+    order: torch.Tensor,
+    count: torch.Tensor,
+    k: int,
+    resend: torch.Tensor,
+    tie_round: torch.Tensor,
+    threshold: torch.Tensor,
+    rounds: int,
+    bytes_sent: int,
+) -> TopkMergeResult:
+    slot = torch.arange(k, device=order.device)
+    local = torch.where(slot < count[:, None], _pad_cols(order, k, -1), -1)
     return TopkMergeResult(
-        local_indices=local_indices,
-        num_local=selected.sum(1).to(torch.int32),
+        local_indices=local.to(torch.int32),
+        num_local=count.to(torch.int32),
         resend=resend,
+        tie_round=tie_round,
         threshold=threshold,
+        rounds=rounds,
         bytes_sent=bytes_sent,
     )
 
 
-def _keys_from_words(words: torch.Tensor, ranks: torch.Tensor, first_ordinal: int) -> torch.Tensor:
-    # words [W, R, n] int64 in [0, 2^32); the ordinal is recovered from the word itself, and
-    # checked against its slot so a communicator that reorders data cannot go unnoticed.
-    score16 = words >> 16
-    ordinal = 0xFFFF - (words & 0xFFFF)
-    slots = torch.arange(first_ordinal, first_ordinal + words.shape[2], device=words.device)
-    if bool(((ordinal != slots) & (score16 != _NO_CANDIDATE)).any()):
-        raise CollectiveError(
-            "dcp.topk_merge received candidates out of order: the communicator returned data in "
-            "a different layout than it was sent; check its all_gather / all_to_all against "
-            "the Communicator docstrings"
+def _check_inputs(
+    scores: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor | None,
+    candidates: int | None,
+    rank: int,
+    world: int,
+) -> tuple[int, int]:
+    if scores.dim() != 2 or not scores.is_floating_point():
+        raise ValueError(
+            f"dcp.topk_merge scores must be floating [R, L_local] (rows x this rank's tokens), "
+            f"got {scores.dtype} {list(scores.shape)}"
         )
-    return merge_key(score16, ranks, ordinal)
+    if not isinstance(k, int) or isinstance(k, bool) or k <= 0:
+        raise ValueError(
+            f"dcp.topk_merge: k must be a positive int (2048 in the models), got {k!r}"
+        )
+    if candidates is not None and not 1 <= candidates <= k:
+        raise ValueError(f"dcp.topk_merge: candidates must be in [1, k={k}], got {candidates}")
+    rows, local_len = scores.shape
+    if lengths is not None:
+        if lengths.shape != (rows,) or lengths.is_floating_point():
+            raise ValueError(
+                f"dcp.topk_merge lengths must be an int tensor [R={rows}], got {lengths.dtype} "
+                f"{list(lengths.shape)}"
+            )
+        if rows and int(lengths.min()) < 0:
+            raise ValueError(f"dcp.topk_merge lengths must be >= 0, got {lengths.tolist()}")
+        held = (lengths.long() - rank + world - 1).div(world, rounding_mode="floor")
+        if rows and int(held.max()) > local_len:
+            raise ValueError(
+                f"dcp.topk_merge: rank {rank} of {world} holds ceil((L - {rank}) / {world}) = "
+                f"{int(held.max())} tokens of a row of length {int(lengths.max())}, but scores "
+                f"has only {local_len} columns; pass every local token's score"
+            )
+    return rows, local_len
 
 
-def _kth_key(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """[R] the k-th largest key per row, or 1 (select every candidate) when a row has fewer."""
-    valid = (keys != 0).sum(1)
-    kth = torch.topk(keys, min(k, keys.shape[1]), dim=1).values[:, -1]
-    return torch.where(valid >= k, kth, torch.ones_like(kth))
-
-
-def _pad_cols(x: torch.Tensor, width: int, fill: int = 0) -> torch.Tensor:
+def _pad_cols(x: torch.Tensor, width: int, fill: float) -> torch.Tensor:
     if x.shape[1] >= width:
         return x[:, :width]
     pad = torch.full((x.shape[0], width - x.shape[1]), fill, dtype=x.dtype, device=x.device)
     return torch.cat([x, pad], dim=1)
-
-
-def _to_int32(words: torch.Tensor) -> torch.Tensor:
-    # uint32 bit patterns carried in int32 (collectives do not all support uint32)
-    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).contiguous()
-
-
-def _from_int32(words: torch.Tensor) -> torch.Tensor:
-    return words.to(torch.int64) & 0xFFFFFFFF
