@@ -44,7 +44,8 @@ class Capabilities:
     ``ops`` lists the ops the plugin implements itself (not through reference fallback);
     ``formats`` the storage formats its implementations accept; ``dtypes`` the activation dtypes
     (torch names, e.g. "bfloat16"); ``features`` free-form capability tags such as
-    "batch_invariant" or "native_fp8".
+    "batch_invariant" or "native_fp8"; ``hardware_validated`` which impls have passed
+    conformance on the vendor's own devices.
     """
 
     ops: frozenset[str] = field(default_factory=frozenset)
@@ -52,3 +53,8 @@ class Capabilities:
     dtypes: frozenset[str] = field(default_factory=frozenset)
     features: frozenset[str] = field(default_factory=frozenset)
     notes: tuple[str, ...] = ()
+    # (optional, defaults to ()) The impls that have passed the conformance suite on the
+    # vendor's own hardware, as (op, impl name, arch) triples, e.g. ("indexer.topk", "triton",
+    # "sm_90"). `hwrun report` shows every impl not named here as "not validated on hardware":
+    # it has run only on CPU, in an interpreter, or not at all.
+    hardware_validated: tuple[tuple[str, str, str], ...] = ()

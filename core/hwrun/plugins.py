@@ -375,6 +375,15 @@ def _checked_capabilities(claims: Any) -> Capabilities:
                 f"hwrun_capabilities returned Capabilities with {name}={value!r}; "
                 f"{name} must be a frozenset of str"
             )
+    validated = claims.hardware_validated
+    if not isinstance(validated, tuple) or not all(
+        isinstance(t, tuple) and len(t) == 3 and all(isinstance(v, str) for v in t)
+        for t in validated
+    ):
+        raise PluginFault(
+            f"hwrun_capabilities returned Capabilities with hardware_validated={validated!r}; "
+            "it must be a tuple of (op, impl, arch) str triples"
+        )
     return claims
 
 

@@ -27,6 +27,34 @@ from hwrun_nvidia.serve_recipe import hwrun_serve_recipe, hwrun_validate_deploym
 NAME = "nvidia"
 TRITON = TritonTier(triton_device_reasons, TUNED_FOR)
 
+# Impls that passed `hwrun conformance --platform nvidia` on an H200 (sm_90): the Triton and
+# torch tiers in the full run of commit 98f5016 (docs/results/nvidia-h200; its three top-k
+# FAILs were the suite comparing rows in order, fixed in 6b9d8a4), DeepGEMM and FlashMLA in the
+# run of commit 7f8d936 (docs/benchmarks.md). Blackwell has run nothing yet.
+HARDWARE_VALIDATED = tuple(
+    (op, impl, "sm_90")
+    for impl, ops in (
+        (
+            "triton",
+            (
+                "attn.lse_combine",
+                "indexer.logits_paged",
+                "indexer.logits_ragged",
+                "indexer.topk",
+                "kv.write_index_keys",
+                "kv.write_latent",
+                "moe.experts",
+                "sparse_mla.decode",
+                "sparse_mla.prefill",
+            ),
+        ),
+        ("torch", ("indexer.to_slots", "moe.route")),
+        ("deepgemm", ("indexer.logits_paged", "indexer.logits_ragged")),
+        ("flashmla", ("sparse_mla.decode", "sparse_mla.prefill")),
+    )
+    for op in ops
+)
+
 
 hwrun_api_version, hwrun_platform, hwrun_devices = platform_hooks(
     "1.1",
@@ -63,4 +91,5 @@ def hwrun_capabilities(target: Target) -> Capabilities:
         features=served.features,
         dtypes=frozenset({"bfloat16", "float16", "float32", "float8_e4m3fn"}),
         notes=("FP4 tensor-core math needs Blackwell (sm_100+); Hopper reads FP4 as data.",),
+        hardware_validated=HARDWARE_VALIDATED,
     )
