@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "ops": "hwrun.commands.ops:ops",
     "plan": "hwrun.commands.plan:plan",
     "platforms": "hwrun.commands.platforms:platforms",
+    "report": "hwrun.commands.report:report",
     "serve": "hwrun.commands.serve:serve",
 }
 
