@@ -120,3 +120,26 @@ def test_align_groups_every_served_slot_once(with_shared):
         else:
             assert rows.numel() and (group[rows] == expert).all()
             assert torch.equal(rows, rows.sort().values)  # flat order kept inside a run
+
+
+@pytest.mark.parametrize(("hidden", "shared_inter"), [(256, 128), (128, 256)])
+def test_w4a16_int4_group128_matches_the_reference(hidden, shared_inter):
+    # Two int4 groups along a row (D = 256 for w13, Is = 256 for the shared w2), K steps of 32
+    # walking each group in four; shared experts as group E (Is = I = 128) and in a launch of
+    # their own (Is = 256).
+    g = torch.Generator().manual_seed(17)
+    args = _problem(g, "int4_g128", 5, 4, hidden, 128, 2, shared_inter=shared_inter)
+    args["ids"][1, 0] = -1
+    _close(experts(**args), reference(**args))
+
+
+def test_w4a16_negative_control_nibble_order_matters():
+    # The same bytes read with the nibbles swapped (column 2j from the high nibble) are another
+    # weight: the kernel must not match the reference on it, so the test above can fail.
+    g = torch.Generator().manual_seed(18)
+    args = _problem(g, "int4_g128", 3, 2, 128, 128, 1)
+    good = reference(**args)
+    w13 = args["w13"]
+    swapped = (w13.data >> 4) | (w13.data << 4)
+    args["w13"] = type(w13)(w13.format, w13.shape, swapped, w13.scales, name="w13")
+    assert not torch.allclose(experts(**args).float(), good.float(), rtol=2**-6, atol=1e-3)

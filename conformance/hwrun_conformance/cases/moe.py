@@ -144,7 +144,12 @@ def cases(op: str) -> list[Case]:
             *_experts("fp8_block128", "bf16", 413, about="fp8 block-128 weights"),
             *_experts("mxfp4", "a4w4", 414, quick=False, about="MXFP4 weights and activations"),
             *_experts("nvfp4", "bf16", 415, quick=False, about="NVFP4 with per-expert scale"),
-            *_experts("int4_g128", "bf16", 416, quick=False, about="W4A16 (PPU)"),
+            *_experts(
+                "int4_g128",
+                "bf16",
+                416,
+                about="W4A16: int4 group-128 weights, bf16 activations (PPU)",
+            ),
             *_experts("fp8_block128_ue8m0", "bf16", 417, quick=False, about="ue8m0 block scales"),
             *_experts("mxfp4", "bf16", 418, tokens=0, about="no tokens"),
             *_experts("bf16", "bf16", 419, tokens=1, experts=8, k=4, about="one token"),

@@ -73,7 +73,8 @@ def test_claims_on_gfx942_leave_out_what_it_refuses(rocm, monkeypatch: pytest.Mo
     claims = plugin.hwrun_capabilities(Target("amd", "cuda", (mi300,)))
     assert "indexer.logits_paged" not in claims.ops  # its keys are read as OCP e4m3fn
     assert {"sparse_mla.decode", "kv.write_latent", "indexer.topk"} <= claims.ops
-    assert claims.formats == {"bf16", "fp8_ds_mla", "fp8", "mxfp4"}  # the writes are exact
+    # The writes are exact; the W4A16 MoE multiplies bf16 (int4 codes widened in the kernel).
+    assert claims.formats == {"bf16", "fp8_ds_mla", "fp8", "mxfp4", "int4_g128"}
 
 
 def test_no_claims_without_a_device_or_the_interpreter(monkeypatch: pytest.MonkeyPatch):

@@ -1,4 +1,4 @@
-"""moe.experts: a fused MoE over tokens grouped by expert, bf16 and fp8 block-128 weights.
+"""moe.experts: a fused MoE over tokens grouped by expert, bf16, fp8 block-128 and W4A16 weights.
 
 Four launches, none of which needs a device value on the host (no ``.item()``, ``.tolist()``
 or ``torch.unique``), so a decode step that calls it can be captured in a CUDA graph:
@@ -19,8 +19,12 @@ Weights: ``bf16``, or ``fp8_block128`` / ``fp8_block128_ue8m0`` e4m3 codes decod
 kernel. A K step never crosses a 128-wide scale tile, so the codes (exact in bf16) go through
 the matrix units as they are and each K step's partial product is multiplied by its tile's
 scale (per output row: gate and up rows may sit in different tiles): the same sum as the
-decoded weights', in another order. Shared experts of another format or width than the routed
-ones run through the same kernels in launches of their own.
+decoded weights', in another order. ``int4_g128`` (W4A16: the PPU's MoE backend) goes the same
+way: each K step reads the packed bytes (column 2j in the low nibble of byte j), takes the signed
+values ``nibble - 8`` (exact in bf16) through the matrix units against the bf16 activations, and
+multiplies the partial product by the row's fp32 scale of that 128-column group. Shared experts
+of another format or width than the routed ones run through the same kernels in launches of
+their own.
 
 Numerics against the reference (``hwrun.ops.moe_experts``): the GEMM inputs are the same bf16
 values and the products accumulate in fp32, but in tiles rather than one token at a time, so
@@ -37,17 +41,19 @@ import torch
 import triton
 import triton.language as tl
 
+from hwrun.formats.int4 import INT4_GROUP, INT4_OFFSET
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 
-WEIGHT_FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0")
-_FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "fp8_block128_ue8m0": 2}
+WEIGHT_FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0", "int4_g128")
+_FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "fp8_block128_ue8m0": 2, "int4_g128": 3}
 
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Launch shape of the two GEMM kernels (BLOCK_K must divide 128: one scale tile per step)."""
+    """Launch shape of the two GEMM kernels (BLOCK_K must divide 128: one scale tile or int4
+    group per step)."""
 
     block_m: int
     block_n: int
@@ -201,7 +207,7 @@ def align_by_expert(
 @triton.jit
 def _weight_tile(
     w_base,  # this expert's weight
-    s_base,  # this expert's scales (fp8 only)
+    s_base,  # this expert's scales (fp8, int4)
     n,  # [BLOCK_N] output rows of the weight
     n_mask,
     k0,
@@ -211,10 +217,14 @@ def _weight_tile(
     stride_sn,
     FORMAT: tl.constexpr,
     WIDE: tl.constexpr,
+    OFFSET: tl.constexpr = INT4_OFFSET,  # int4 nibbles store q + 8
 ):
-    """The [BLOCK_N, BLOCK_K] weight tile in WIDE and, for fp8, its rows' scales [BLOCK_N]."""
+    """The [BLOCK_N, BLOCK_K] weight tile in WIDE and, for fp8 and int4, its rows' scales
+    [BLOCK_N] for the 128 columns this K step lies in."""
+    # int4: two columns per byte, column 2j in the low nibble of byte j.
+    byte = kk // 2 if FORMAT == 3 else kk
     raw = tl.load(
-        w_base + n[:, None] * stride_wn + kk[None, :],
+        w_base + n[:, None] * stride_wn + byte[None, :],
         mask=n_mask[:, None] & k_mask[None, :],
         other=0,
     )
@@ -223,6 +233,11 @@ def _weight_tile(
     if FORMAT == 0:
         tile = raw.to(WIDE)
         scale = tl.full(n.shape, 1.0, tl.float32)
+    elif FORMAT == 3:
+        nibble = (raw.to(tl.int32) >> ((kk % 2) * 4)[None, :]) & 0xF
+        value = tl.where(k_mask[None, :], nibble - OFFSET, 0)  # -8..7: exact in bf16
+        tile = value.to(tl.float32).to(WIDE)
+        scale = tl.load(s_base + n * stride_sn + k0 // 128, mask=n_mask, other=0.0)
     else:
         tile = raw.to(tl.float8e4nv, bitcast=True).to(WIDE)
         scale_ptrs = s_base + (n // 128) * stride_sn + k0 // 128
@@ -495,7 +510,10 @@ def _check(
         if w.format not in WEIGHT_FORMATS:
             problems.append(f"{w.name} is {w.format}; the kernel reads {list(WEIGHT_FORMATS)}")
     if FP8_BLOCK % tiles.block_k and any(w.format != "bf16" for w in weights):
-        problems.append(f"block_k {tiles.block_k} must divide the fp8 scale tile {FP8_BLOCK}")
+        problems.append(
+            f"block_k {tiles.block_k} must divide the fp8 scale tile {FP8_BLOCK} and the int4 "
+            f"group {INT4_GROUP}"
+        )
     if any(w.device != x.device for w in weights) or ids.device != x.device:
         problems.append("x, ids and every weight must be on one device")
     if problems:

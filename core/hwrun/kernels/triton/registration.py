@@ -34,7 +34,7 @@ INDEX_KEY_FORMATS = ("fp8", "mxfp4")
 QUERY_DTYPES = ("float8_e4m3fn", "bfloat16", "float16", "float32")
 LATENT_FORMATS_DECODE = ("fp8_ds_mla", "bf16")
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
-EXPERT_WEIGHT_FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0")
+EXPERT_WEIGHT_FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0", "int4_g128")
 
 
 def _never(spec: OpSpec) -> bool:
@@ -399,11 +399,11 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
             "moe.experts",
             _experts,
             _experts_limits,
-            "tokens grouped by expert, gate/up + SiLU-mul and down GEMMs, fp8 block-128 codes "
-            "decoded in the kernel",
+            "tokens grouped by expert, gate/up + SiLU-mul and down GEMMs, fp8 block-128 and "
+            "W4A16 int4 group-128 codes decoded in the kernel",
             # ue8m0 scales are served but not claimed: the quick conformance suite has no case
             # in that format, and a claim no case exercises is an audit failure.
-            ("bf16", "fp8_block128"),
+            ("bf16", "fp8_block128", "int4_g128"),
             reads_e4m3fn=_fp8_weights,
             # Tokens that chose one expert share a GEMM tile: the summation order (and so the
             # rounding) depends on which other tokens are in the batch.
