@@ -103,7 +103,7 @@ def _html_section(section: Section) -> list[str]:
             f'<div class="plot" id="plot-{plot.id}">',
             f"<h3>{html.escape(plot.title)}</h3>",
             '<div class="figure">',
-            plot.svg,
+            _scoped(plot.svg, plot.id),
             _html_table(Table("", plot.header, plot.rows)),
             "</div></div>",
         ]
@@ -111,6 +111,13 @@ def _html_section(section: Section) -> list[str]:
         out.append("<ul>" + "".join(f"<li>{_inline(n)}</li>" for n in section.notes) + "</ul>")
     out.append("</section>")
     return out
+
+
+def _scoped(svg: str, prefix: str) -> str:
+    """The SVG with its ids (and the references to them) prefixed, so several inline plots do
+    not share an id (matplotlib names its clip paths and groups alike in every figure)."""
+    svg = re.sub(r' id="([^"]+)"', rf' id="{prefix}-\1"', svg)
+    return re.sub(r'(url\(#|href="#)', rf"\1{prefix}-", svg)
 
 
 def _html_table(table: Table) -> str:
@@ -131,7 +138,7 @@ def _html_cell(text: str, first: bool) -> str:
             kind = "failing"
         elif text.startswith("**absent**") or text.startswith("not served"):
             kind = "absent"
-        elif "reference fallback" in text and "served:" not in text:
+        elif text.startswith("reference fallback"):
             kind = "fallback"
         elif "(portable Triton)" in text or "(vendor library)" in text or "served:" in text:
             kind = "served"

@@ -82,7 +82,12 @@ def _platforms(report: dict[str, Any]) -> Section:
 
 def op_cell(cell: dict[str, Any]) -> str:
     """One op on one platform in one line: impl (tier), claim, hardware note, conformance."""
-    parts = ["**absent**"] if cell["impl"] is None else [f"{cell['impl']} ({cell['tier']})"]
+    if cell["impl"] is None:
+        parts = ["**absent**"]
+    elif cell["fallback"] or cell["tier"] == cell["impl"]:
+        parts = [cell["tier"]]  # "reference fallback", or the reference platform's own
+    else:
+        parts = [f"{cell['impl']} ({cell['tier']})"]
     parts.append("claimed" if cell["claimed"] else "not claimed")
     if cell["hardware"]:
         parts.append(cell["hardware"])
@@ -118,8 +123,10 @@ def _formats(report: dict[str, Any]) -> Section:
         parts = []
         if cell["served_by_own_impls"]:
             parts.append("served: " + ", ".join(cell["served_by_own_impls"]))
-        if cell["reference_fallback"]:
+        if cell["reference_fallback"] and cell["served_by_own_impls"]:
             parts.append("reference fallback: " + ", ".join(cell["reference_fallback"]))
+        elif cell["reference_fallback"]:
+            parts.append("reference fallback")
         if not parts:
             parts.append("not served")
         parts.append("claimed" if cell["claimed"] else "not claimed")
