@@ -1,6 +1,7 @@
-"""The vendor plugins' portable Triton tier passes the quick conformance suite on CPU, in
-Triton's interpreter (TRITON_INTERPRET=1, set for the test session on machines without a GPU
-and inherited by the worker process), and the plugins claim exactly what it serves."""
+"""The vendor plugins' portable Triton tier (NVIDIA, AMD, PPU) passes the quick conformance
+suite on CPU, in Triton's interpreter (TRITON_INTERPRET=1, set for the test session on machines
+without a GPU and inherited by the worker process), and the plugins claim exactly what it
+serves: the PPU's W4A16 MoE (int4_g128) included."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hwrun.plugins import load_plugins
 from hwrun_conformance.runner import Result, RunOptions, conformant, run
 from hwrun_conformance.status import CONFORMANT, Status
 
-PLATFORMS = ("nvidia", "amd")
+PLATFORMS = ("nvidia", "amd", "ppu")
 TRITON_OPS = {
     "indexer.logits_paged",
     "indexer.logits_ragged",
@@ -33,9 +34,9 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def results() -> list[Result]:
     with pytest.MonkeyPatch.context() as env:
-        # Only the two vendor plugins, in this process and in the worker it starts.
+        # Only the vendor plugins with a Triton tier, in this process and in its worker.
         env.setenv("HWRUN_DISABLE_ENTRY_POINTS", "1")
-        env.setenv("HWRUN_PLUGINS", "hwrun_nvidia.plugin,hwrun_amd.plugin")
+        env.setenv("HWRUN_PLUGINS", "hwrun_nvidia.plugin,hwrun_amd.plugin,hwrun_ppu.plugin")
         return run(load_plugins(), list(PLATFORMS), RunOptions(quick=True))
 
 

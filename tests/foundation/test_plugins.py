@@ -107,7 +107,7 @@ def test_hooks_are_called_per_plugin(plugin_dir):
     assert "fast" not in [i.name for i in plugin_set.registry("reference").impls(OP)]
     registry = plugin_set.registry("solo")
     assert [i.name for i in registry.impls(OP)] == ["fast"]
-    assert plugin_set.registry("ppu").impls(OP) == []
+    assert "fast" not in [i.name for i in plugin_set.registry("ppu").impls(OP)]
     reasons = plugin_set.validate_deployment("solo", Deployment(model="kimi-k3.1-pro"))
     assert reasons[-1] == "solo refuses everything"
     assert "solo: no device detected on this machine" in reasons[0]

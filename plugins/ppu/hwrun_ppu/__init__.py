@@ -1,1 +1,2 @@
-"""hwrun plugin for Alibaba T-HEAD Zhenwu PPUs: torch-native ops, W4A16 MoE."""
+"""hwrun plugin for Alibaba T-HEAD Zhenwu PPUs: the portable Triton tier (with the W4A16 MoE)
+under the PPU's limits, and vllm-sail's validated layouts."""

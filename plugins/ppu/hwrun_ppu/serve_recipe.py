@@ -10,6 +10,15 @@ Only the layouts T-HEAD validated for Kimi K3.1 Pro are accepted (the vLLM day-0
   runs on DeepEP (vLLM's ``deepep_high_throughput`` backend: the post names DeepEP, not its mode).
 
 vllm-sail picks its W4A16 MoE kernels itself on the 810E; the post gives no flag for it.
+
+Rules beyond the layout (fail closed: the post validates these configurations and no others):
+
+- the model is Kimi K3.1 Pro, the one model T-HEAD validated on both PPUs;
+- no decode or prefill context parallelism: neither layout has it;
+- the experts run as vllm-sail loads them (W4A16 on the 810E, which has no fp8 tensor-core
+  products): ROCm's load-time MXFP4 requant (``VLLM_FP8_MOE_REQUANT``, ``..._ACT`` a8w4 / a4w4)
+  is refused, it exists only in vLLM's ROCm build;
+- the layout matches the PPUs of this node (checked when devices are: not under --dry-run).
 """
 
 from __future__ import annotations
@@ -18,7 +27,13 @@ from dataclasses import dataclass
 
 from hwrun.deployment import Deployment
 from hwrun.hookspecs import hookimpl
-from hwrun.serve.recipe import ServeRecipe, data_parallel_flags, standard_decode_only
+from hwrun.serve.recipe import (
+    KIMI_K31_PRO,
+    ServeRecipe,
+    data_parallel_flags,
+    model_family,
+    standard_decode_only,
+)
 from hwrun.target import Target
 
 NAME = "ppu"
@@ -71,7 +86,7 @@ def hwrun_serve_recipe(deployment: Deployment) -> ServeRecipe:
 
 @hookimpl
 def hwrun_validate_deployment(deployment: Deployment, target: Target) -> list[str]:
-    reasons = standard_decode_only(deployment, NAME)
+    reasons = standard_decode_only(deployment, NAME) + _validated_config_reasons(deployment)
     layout = layout_of(deployment)
     if layout is None:
         reasons.append(
@@ -88,4 +103,34 @@ def hwrun_validate_deployment(deployment: Deployment, target: Target) -> list[st
                 f"ppu: the {layout.describe()} layout was validated on {layout.device}, and "
                 f"this node has {', '.join(sorted(names))}; use the layout of this PPU"
             )
+    return reasons
+
+
+def _validated_config_reasons(d: Deployment) -> list[str]:
+    """What the validated configurations leave out, whatever the layout."""
+    reasons = []
+    if model_family(d.model) is not KIMI_K31_PRO:
+        reasons.append(
+            f"ppu: vllm-sail's PPU layouts were validated for Kimi K3.1 Pro only, not "
+            f"{d.model}; serve moonshotai/Kimi-K3.1-Pro (or a checkpoint of it)"
+        )
+    if d.decode_context_parallel > 1 or d.prefill_context_parallel > 1:
+        reasons.append(
+            f"ppu: context parallelism (DCP {d.decode_context_parallel}, PCP "
+            f"{d.prefill_context_parallel}) is not part of the validated layouts; drop --dcp / "
+            "--prefill-context-parallel-size"
+        )
+    if d.moe_requant is not None or d.moe_activation is not None:
+        asked = ", ".join(
+            f"{name}={value}"
+            for name, value in (
+                ("VLLM_FP8_MOE_REQUANT", d.moe_requant),
+                ("VLLM_FP8_MOE_REQUANT_ACT", d.moe_activation),
+            )
+            if value is not None
+        )
+        reasons.append(
+            f"ppu: {asked} is vLLM's ROCm load-time requant; vllm-sail runs the experts as it "
+            "loads them (W4A16 on the 810E, which has no fp8 tensor-core products): unset it"
+        )
     return reasons
