@@ -26,6 +26,7 @@ ENGINE_FLAGS = (
     "batch_invariant",
     "no_fallback",
     "no_cuda_graphs",
+    "cpu_threads",
 )
 
 
@@ -86,6 +87,13 @@ def engine_flags(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--no-fallback", is_flag=True, help="Refuse to run an op on the reference fallback."
+        ),
+        click.option(
+            "--cpu-threads",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="torch threads while the model runs on a CPU (a step is many small ops).",
         ),
         click.option(
             "--no-cuda-graphs",

@@ -58,9 +58,11 @@ class ModelRunner:
         max_model_len: int,
         graphs: DecodeGraphs | None = None,
         graphs_status: str = "off",
+        cpu_threads: int = 1,
     ):
         self.model, self.pool, self.model_config = model, pool, model_config
         self.graphs, self.cuda_graphs_status = graphs, graphs_status
+        self.cpu_threads = cpu_threads
         self.ops, self.platform = ops, platform
         self.block_size = pool.layout.block_size
         self.num_blocks = pool.num_blocks
@@ -81,11 +83,22 @@ class ModelRunner:
         if self.graphs is not None and self._replayable(chunks):
             return self._replay(chunks)
         meta, spans = self._metadata(chunks)
-        logits = self.model.forward(meta)
+        logits = self._forward(meta)
         return [
             ChunkLogits(chunk.seq_id, None if span is None else logits[span[0] : span[1]])
             for chunk, span in zip(chunks, spans, strict=True)
         ]
+
+    def _forward(self, meta: StepMetadata) -> torch.Tensor:
+        if self.device.type != "cpu":
+            return self.model.forward(meta)
+        # Process-wide, so set for the step and given back after it.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.cpu_threads)
+        try:
+            return self.model.forward(meta)
+        finally:
+            torch.set_num_threads(threads)
 
     def _replayable(self, chunks: list[ScheduledChunk]) -> bool:
         return self.graphs.fits(len(chunks)) and all(
@@ -259,7 +272,9 @@ def build_model_runner(config: EngineConfig, plugins: PluginSet | None = None) -
         model_config, weights, ops, formats, layout, pool.cache, config.batch_invariant
     )
     graphs, status = _decode_graphs(config, model, ops, device, max_model_len, layout.block_size)
-    return ModelRunner(model, pool, model_config, ops, platform, max_model_len, graphs, status)
+    return ModelRunner(
+        model, pool, model_config, ops, platform, max_model_len, graphs, status, config.cpu_threads
+    )
 
 
 def _decode_graphs(
