@@ -33,6 +33,7 @@ from hwrun.engine.weights import MoEWeights
 from hwrun.formats.index_keys import get_index_key_format
 from hwrun.formats.latent import get_latent_format
 from hwrun.ops.quantized_weight import QuantizedWeight
+from hwrun.report.bench import bench_file
 
 
 def with_topk(model: Path, topk: int, context: int) -> Path:
@@ -241,7 +242,11 @@ def main(argv: list[str] | None = None) -> None:
         del runner
         torch.cuda.empty_cache()
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        card = (
+            f"{torch.cuda.get_device_name(0)}, copy {bandwidth / 1e12:.2f} TB/s, "
+            f"torch {torch.__version__}"
+        )
+        Path(args.json).write_text(bench_file("engine_decode", card, rows))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import pathlib
 import sys
 
@@ -34,6 +33,7 @@ from hwrun.kernels.triton import indexer_logits, kv_write, lse_combine, sparse_m
 from hwrun.ops import attn as ref_attn
 from hwrun.ops import indexer as ref_indexer
 from hwrun.ops import kv_write as ref_kv
+from hwrun.report.bench import bench_file
 
 HAS_DEEPGEMM = importlib.util.find_spec("deep_gemm") is not None
 HAS_FLASHMLA = importlib.util.find_spec("flash_mla") is not None
@@ -355,7 +355,7 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench.md").write_text(head + "\n\n" + table + "\n")
         (out / "tune.log").write_text("\n".join(log) + "\n")
-        (out / "bench.json").write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+        (out / "bench.json").write_text(bench_file("gpu_ops", head, [r.__dict__ for r in rows]))
 
 
 if __name__ == "__main__":

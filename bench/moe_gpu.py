@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import pathlib
 import sys
 import time
@@ -30,6 +29,7 @@ from gpu_bench_common import Row, bench, markdown, measure_ceilings
 
 from hwrun.kernels.triton import moe
 from hwrun.ops.quantized_weight import QuantizedWeight
+from hwrun.report.bench import bench_file
 
 EXPERTS, HIDDEN, INTER, TOP_K = 256, 7168, 2048, 8
 
@@ -227,7 +227,7 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "moe.md").write_text(head + "\n\n" + table + "\n")
         (out / "moe.log").write_text("\n".join(log) + "\n")
-        (out / "moe.json").write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+        (out / "moe.json").write_text(bench_file("moe_gpu", head, [r.__dict__ for r in rows]))
 
 
 if __name__ == "__main__":

@@ -6,15 +6,13 @@ Triton's interpreter stood in for a GPU, a reader cannot tell what it proves.
 
 from __future__ import annotations
 
-import contextlib
 import platform as host_platform
-import subprocess
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hwrun import API_VERSION, __version__, knobs
+from hwrun.provenance import source_commit
 
 if TYPE_CHECKING:
     from hwrun.plugins import PluginSet
@@ -55,27 +53,6 @@ def run_metadata(
         },
         "interrupted": False,
     }
-
-
-def source_commit() -> str | None:
-    """The git commit of the hwrun source tree when it is a checkout, with "+dirty" when tracked
-    files differ from it (None for a wheel, or without git)."""
-    import hwrun
-
-    where = str(Path(hwrun.__file__).resolve().parent)
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        head = _git(where, "rev-parse", "HEAD")
-        if head.returncode == 0:
-            changes = _git(where, "status", "--porcelain", "--untracked-files=no")
-            dirty = changes.returncode == 0 and bool(changes.stdout.strip())
-            return head.stdout.strip() + ("+dirty" if dirty else "")
-    return None
-
-
-def _git(where: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["git", "-C", where, *args], capture_output=True, text=True, timeout=10, check=False
-    )
 
 
 def _version_of(module: str) -> str | None:

@@ -269,3 +269,18 @@ def test_bench_files_with_and_without_their_card(tmp_path):
     (tmp_path / "bad.json").write_text('{"rows": []}')
     with pytest.raises(UsageError, match="not a bench file"):
         load_bench(str(tmp_path / "bad.json"))
+
+
+def test_what_the_bench_scripts_write_the_report_reads_with_card_date_and_commit(tmp_path):
+    from hwrun.provenance import source_commit
+    from hwrun.report.bench import bench_file
+
+    row = {"op": "indexer.topk", "shape": "1x131072 k=2048", "impl": "triton", "us": 26.5,
+           "floor_us": 0.1, "peers": {"torch.topk": 69.1}, "note": ""}  # fmt: skip
+    path = tmp_path / "bench.json"
+    path.write_text(bench_file("gpu_ops", "NVIDIA H200, copy 4.22 TB/s", [row]))
+    loaded = load_bench(str(path))
+    assert loaded["card"] == "NVIDIA H200, copy 4.22 TB/s" and loaded["bench"] == "gpu_ops"
+    assert loaded["commit"] == (source_commit() or "not recorded")
+    assert len(loaded["date"]) == 10  # an ISO date
+    assert loaded["rows"][0]["vs_peer"] == {"torch.topk": pytest.approx(26.5 / 69.1)}

@@ -17,13 +17,29 @@ which become the op ``engine.decode_step``.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from hwrun.errors import UsageError
+from hwrun.provenance import source_commit
 
 BENCH_SCHEMA = "hwrun.bench/1"
 NOT_RECORDED = "not recorded"
+
+
+def bench_file(bench: str, card: str, rows: list[dict[str, Any]]) -> str:
+    """A benchmark run's rows as ``--bench`` reads them, with the card (the script's own line:
+    device, measured ceilings, versions), today's date and the source commit beside them."""
+    envelope = {
+        "schema": BENCH_SCHEMA,
+        "bench": bench,
+        "card": card,
+        "date": datetime.now(UTC).date().isoformat(),
+        "commit": source_commit(),
+        "rows": rows,
+    }
+    return json.dumps(envelope, indent=1) + "\n"
 
 
 def load_bench(path: str) -> dict[str, Any]:

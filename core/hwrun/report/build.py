@@ -28,7 +28,7 @@ def build_report(
     kv_budget: int,
 ) -> dict[str, Any]:
     """The report as JSON-able data (schema in docs/report.md)."""
-    from hwrun_conformance.metadata import source_commit
+    from hwrun.provenance import source_commit
 
     ops = op_matrix(plugin_set, platforms, sources)
     rows = platform_rows(plugin_set, platforms)
