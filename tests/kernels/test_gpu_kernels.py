@@ -1,4 +1,5 @@
-"""The Triton kernels and the vendor adapters on a CUDA GPU, at the models' shapes.
+"""The Triton kernels on a CUDA GPU, at the models' shapes (the vendor adapters' GPU tests are
+beside their plugin, in plugins/nvidia/tests/test_adapters_gpu.py).
 
 Skipped on machines without a CUDA device (CI); run on the H200 with
 ``PYTHONPATH=core:plugins/nvidia pytest tests/kernels/test_gpu_kernels.py``.
@@ -6,40 +7,20 @@ Skipped on machines without a CUDA device (CI); run on the H200 with
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
 from hwrun import knobs
 from hwrun.formats.index_keys import get_index_key_format
-from hwrun.formats.latent import get_latent_format
 from hwrun.ops import indexer as ref_indexer
 from hwrun.ops import sparse_mla as ref_mla
 from hwrun.ops.topk import topk as ref_topk
+from tests.kernels.gpu_inputs import check_mla, mla_inputs, paged_inputs, relative_error, sets_equal
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or knobs.triton_interpret(),
     reason="needs a CUDA GPU and compiled Triton (the interpreter tests cover CPU)",
 )
-needs_deepgemm = pytest.mark.skipif(
-    importlib.util.find_spec("deep_gemm") is None, reason="DeepGEMM is not installed"
-)
-needs_flashmla = pytest.mark.skipif(
-    importlib.util.find_spec("flash_mla") is None, reason="FlashMLA is not installed"
-)
-
-
-def _rel(got, want):
-    finite = torch.isfinite(want)
-    assert torch.equal(torch.isfinite(got), finite), "-inf positions differ"
-    return ((got[finite] - want[finite]).norm() / want[finite].norm()).item()
-
-
-def _sets_equal(got, want):
-    g, _ = torch.sort(got.long(), dim=1)
-    w, _ = torch.sort(want.long(), dim=1)
-    return torch.equal(g, w)
 
 
 @pytest.mark.parametrize("rows,length", [(64, 131072), (1, 131072), (8, 3000)])
@@ -51,21 +32,7 @@ def test_topk_sets(rows, length):
     starts = torch.randint(0, 64, (rows,), device="cuda", dtype=torch.int32)
     ends = torch.full((rows,), length, device="cuda", dtype=torch.int32)
     ends[-1] = starts[-1] + 1000 if rows > 1 else length  # a row shorter than k
-    assert _sets_equal(topk(logits, starts, ends, 2048), ref_topk(logits, starts, ends, 2048))
-
-
-def _paged(fmt, batch, ctx, heads, next_n, q_dtype):
-    key_format = get_index_key_format(fmt)
-    blocks = batch * (ctx // 64)
-    elements, scales = key_format.encode(torch.randn(blocks * 64, 128, device="cuda"))
-    cache = torch.cat((elements.reshape(blocks, -1), scales.reshape(blocks, -1)), 1)
-    table = torch.randperm(blocks, device="cuda").to(torch.int32).reshape(batch, -1)
-    q = torch.randn(batch, next_n, heads, 128, device="cuda").to(q_dtype)
-    w = torch.rand(batch * next_n, heads, device="cuda")
-    last = torch.randint(ctx // 2, ctx + 1, (batch,), device="cuda", dtype=torch.int32)
-    last[0] = 0 if batch > 1 else last[0]  # an empty request
-    lens = (last[:, None] - (next_n - 1) + torch.arange(next_n, device="cuda")).clamp(min=0)
-    return q, w, cache, table, lens.to(torch.int32)
+    assert sets_equal(topk(logits, starts, ends, 2048), ref_topk(logits, starts, ends, 2048))
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
@@ -75,10 +42,10 @@ def test_logits_paged(fmt, q_dtype, batch, next_n, heads):
     from hwrun.kernels.triton.indexer_logits import logits_paged
 
     ctx = 8192
-    q, w, cache, table, lens = _paged(fmt, batch, ctx, heads, next_n, q_dtype)
+    q, w, cache, table, lens = paged_inputs(fmt, batch, ctx, heads, next_n, q_dtype)
     got = logits_paged(q, w, cache, fmt, table, lens, ctx + 100)
     want = ref_indexer.logits_paged(q, w, cache, fmt, table, lens, ctx + 100)
-    assert _rel(got, want) < 2e-3
+    assert relative_error(got, want) < 2e-3
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
@@ -92,34 +59,9 @@ def test_logits_ragged(fmt):
     ks = torch.randint(0, 500, (m,), device="cuda", dtype=torch.int32)
     ke = torch.maximum(ks, torch.randint(0, n + 1, (m,), device="cuda", dtype=torch.int32))
     got = logits_ragged(q, w, elements, scales, fmt, ks, ke)
-    assert _rel(got, ref_indexer.logits_ragged(q, w, elements, scales, fmt, ks, ke)) < 2e-3
-
-
-def _mla_inputs(fmt, batch, s, heads, k):
-    tokens = 64 * 512
-    latent = get_latent_format(fmt)
-    rows = latent.encode(
-        torch.randn(tokens, 512, device="cuda"), torch.randn(tokens, 64, device="cuda")
+    assert (
+        relative_error(got, ref_indexer.logits_ragged(q, w, elements, scales, fmt, ks, ke)) < 2e-3
     )
-    cache = rows.reshape(tokens // 64, 64, latent.row_bytes)
-    q = torch.randn(batch, s, heads, 576, device="cuda", dtype=torch.bfloat16)
-    slots = torch.randint(0, tokens, (batch, s, k), device="cuda", dtype=torch.int32)
-    slots[0, 0, k // 2 :] = -1
-    if batch > 1:
-        slots[1, 0, :] = -1  # an empty row
-    lengths = torch.full((batch, s), k, device="cuda", dtype=torch.int32)
-    lengths[-1, -1] = k // 3
-    sink = torch.randn(heads, device="cuda")
-    return q, cache, slots, lengths, sink
-
-
-def _check_mla(got, want):
-    (out, lse), (ref_out, ref_lse) = got, want
-    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
-    finite = torch.isfinite(ref_lse)
-    assert (lse[finite] - ref_lse[finite]).abs().max() < 2e-2
-    err = (out.float() - ref_out.float()).norm() / ref_out.float().norm()
-    assert err < 1e-2, err
 
 
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "bf16"])
@@ -127,57 +69,9 @@ def _check_mla(got, want):
 def test_sparse_mla_decode(fmt, batch, s, heads):
     from hwrun.kernels.triton.sparse_mla import decode
 
-    q, cache, slots, lengths, sink = _mla_inputs(fmt, batch, s, heads, 2048)
+    q, cache, slots, lengths, sink = mla_inputs(fmt, batch, s, heads, 2048)
     got = decode(q, cache, fmt, slots, 0.07, lengths, sink)
-    _check_mla(got, ref_mla.decode(q, cache, fmt, slots, 0.07, lengths, sink))
-
-
-@needs_flashmla
-@pytest.mark.parametrize("s", [1, 2])
-def test_flashmla_decode_adapter(s):
-    from hwrun_nvidia.flashmla import decode
-
-    q, cache, slots, lengths, sink = _mla_inputs("fp8_ds_mla", 4, s, 128, 2048)
-    got = decode(q, cache, "fp8_ds_mla", slots, 0.07, lengths, sink)
-    _check_mla(got, ref_mla.decode(q, cache, "fp8_ds_mla", slots, 0.07, lengths, sink))
-
-
-@needs_flashmla
-def test_flashmla_prefill_adapter():
-    from hwrun_nvidia.flashmla import prefill
-
-    tokens, workspace, k = 64, 4096, 2048
-    q = torch.randn(tokens, 128, 576, device="cuda", dtype=torch.bfloat16)
-    kv = torch.randn(workspace, 576, device="cuda", dtype=torch.bfloat16)
-    indices = torch.randint(0, workspace, (tokens, k), device="cuda", dtype=torch.int32)
-    indices[3, :] = -1
-    got = prefill(q, kv, indices, 0.07)
-    _check_mla(got, ref_mla.prefill(q, kv, indices, 0.07))
-
-
-@needs_deepgemm
-@pytest.mark.parametrize("next_n,heads", [(1, 64), (2, 32)])
-def test_deepgemm_paged_adapter(next_n, heads):
-    from hwrun_nvidia.deepgemm import logits_paged
-
-    q, w, cache, table, lens = _paged("fp8", 4, 8192, heads, next_n, torch.float8_e4m3fn)
-    got = logits_paged(q, w, cache, "fp8", table, lens, 8192)
-    want = ref_indexer.logits_paged(q, w, cache, "fp8", table, lens, 8192)
-    assert _rel(got, want) < 2e-3
-
-
-@needs_deepgemm
-def test_deepgemm_ragged_adapter():
-    from hwrun_nvidia.deepgemm import logits_ragged
-
-    m, n = 256, 2048
-    elements, scales = get_index_key_format("fp8").encode(torch.randn(n, 128, device="cuda"))
-    q = torch.randn(m, 64, 128, device="cuda").to(torch.float8_e4m3fn)
-    w = torch.rand(m, 64, device="cuda")
-    ks = torch.zeros(m, device="cuda", dtype=torch.int32)
-    ke = torch.arange(n - m + 1, n + 1, device="cuda", dtype=torch.int32)
-    got = logits_ragged(q, w, elements, scales, "fp8", ks, ke)
-    assert _rel(got, ref_indexer.logits_ragged(q, w, elements, scales, "fp8", ks, ke)) < 2e-3
+    check_mla(got, ref_mla.decode(q, cache, fmt, slots, 0.07, lengths, sink))
 
 
 def test_kv_writes_byte_exact_at_scale():
@@ -236,7 +130,7 @@ def test_sparse_mla_prefill(kv_dtype, heads):
     lengths[7] = 33  # a row shorter than k
     sink = torch.randn(heads, device="cuda")
     got = prefill(q, kv, indices, 0.07, lengths, sink)
-    _check_mla(got, ref_mla.prefill(q, kv, indices, 0.07, lengths, sink))
+    check_mla(got, ref_mla.prefill(q, kv, indices, 0.07, lengths, sink))
 
 
 def _fp8_experts(experts, rows, cols, name):

@@ -1,0 +1,80 @@
+"""The DeepGEMM and FlashMLA adapters on a CUDA GPU against the references (DeepGEMM's paged and
+ragged logits, FlashMLA's sparse decode and prefill), each skipped without its wheel.
+
+Run on the H200 with ``PYTHONPATH=core:plugins/nvidia:. pytest plugins/nvidia/tests`` after
+installing the wheels (../shared/tools/fetch-gpu-wheels.sh).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from hwrun import knobs
+from hwrun.formats.index_keys import get_index_key_format
+from hwrun.ops import indexer as ref_indexer
+from hwrun.ops import sparse_mla as ref_mla
+from tests.kernels.gpu_inputs import check_mla, mla_inputs, paged_inputs, relative_error
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or knobs.triton_interpret(),
+    reason="needs a CUDA GPU (the adapters call vendor kernels)",
+)
+needs_deepgemm = pytest.mark.skipif(
+    importlib.util.find_spec("deep_gemm") is None, reason="DeepGEMM is not installed"
+)
+needs_flashmla = pytest.mark.skipif(
+    importlib.util.find_spec("flash_mla") is None, reason="FlashMLA is not installed"
+)
+
+
+@needs_flashmla
+@pytest.mark.parametrize("s", [1, 2])
+def test_flashmla_decode_adapter(s):
+    from hwrun_nvidia.flashmla import decode
+
+    q, cache, slots, lengths, sink = mla_inputs("fp8_ds_mla", 4, s, 128, 2048)
+    got = decode(q, cache, "fp8_ds_mla", slots, 0.07, lengths, sink)
+    check_mla(got, ref_mla.decode(q, cache, "fp8_ds_mla", slots, 0.07, lengths, sink))
+
+
+@needs_flashmla
+def test_flashmla_prefill_adapter():
+    from hwrun_nvidia.flashmla import prefill
+
+    tokens, workspace, k = 64, 4096, 2048
+    q = torch.randn(tokens, 128, 576, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(workspace, 576, device="cuda", dtype=torch.bfloat16)
+    indices = torch.randint(0, workspace, (tokens, k), device="cuda", dtype=torch.int32)
+    indices[3, :] = -1
+    got = prefill(q, kv, indices, 0.07)
+    check_mla(got, ref_mla.prefill(q, kv, indices, 0.07))
+
+
+@needs_deepgemm
+@pytest.mark.parametrize("next_n,heads", [(1, 64), (2, 32)])
+def test_deepgemm_paged_adapter(next_n, heads):
+    from hwrun_nvidia.deepgemm import logits_paged
+
+    q, w, cache, table, lens = paged_inputs("fp8", 4, 8192, heads, next_n, torch.float8_e4m3fn)
+    got = logits_paged(q, w, cache, "fp8", table, lens, 8192)
+    want = ref_indexer.logits_paged(q, w, cache, "fp8", table, lens, 8192)
+    assert relative_error(got, want) < 2e-3
+
+
+@needs_deepgemm
+def test_deepgemm_ragged_adapter():
+    from hwrun_nvidia.deepgemm import logits_ragged
+
+    m, n = 256, 2048
+    elements, scales = get_index_key_format("fp8").encode(torch.randn(n, 128, device="cuda"))
+    q = torch.randn(m, 64, 128, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.rand(m, 64, device="cuda")
+    ks = torch.zeros(m, device="cuda", dtype=torch.int32)
+    ke = torch.arange(n - m + 1, n + 1, device="cuda", dtype=torch.int32)
+    got = logits_ragged(q, w, elements, scales, "fp8", ks, ke)
+    assert (
+        relative_error(got, ref_indexer.logits_ragged(q, w, elements, scales, "fp8", ks, ke)) < 2e-3
+    )
