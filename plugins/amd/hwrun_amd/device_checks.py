@@ -63,3 +63,21 @@ def triton_device_reasons(spec: OpSpec, kernel: TritonKernel) -> list[str]:
             f"needs one of {list(OCP_FP8_ARCHS)}, or use bf16 latents"
         )
     return reasons
+
+
+def device_arch(tensor) -> str | None:
+    """The gfx architecture of the ROCm device ``tensor`` is on ("gfx942"), None elsewhere.
+    Adapters convert at their boundary by it (FNUZ fp8 on gfx942)."""
+    import torch
+
+    if tensor.device.type != "cuda" or torch.version.hip is None:
+        return None
+    name = torch.cuda.get_device_properties(tensor.device).gcnArchName
+    return name.split(":")[0]
+
+
+def arch_reasons(spec: OpSpec, archs: tuple[str, ...], what: str) -> list[str]:
+    """``what`` runs on ``archs`` only (a spec without an arch is not refused for it)."""
+    if spec.arch is not None and spec.arch not in archs:
+        return [f"{what} runs on {' / '.join(archs)} only, the device is {spec.arch}"]
+    return []

@@ -1,11 +1,14 @@
-"""Hooks of the AMD Instinct platform.
+"""Hooks of the AMD Instinct platform: the portable Triton tier (kernels in core, shared with
+the NVIDIA and PPU plugins) under AITER adapters (:mod:`hwrun_amd.aiter_indexer`, ...).
 
-The portable Triton tier (kernels in core, shared with the NVIDIA plugin) is the whole of it:
-no AITER or FlyDSL adapter is registered, because none has been validated on hardware from this
-project. Any number of heads runs: the kernels pad heads in registers (the indexer to a power
-of two of at least 16, the matrix units' smallest tile; the sparse MLA decode to blocks of 128),
-where AITER's MLA kernels would need the head count padded to a multiple of 16. Kernels that
-read OCP e4m3fn codes (indexer logits, fp8_ds_mla decode) are refused on gfx942 (FNUZ fp8, see
+Priorities: an AITER adapter (when AMD's AITER imports and the spec suits it) 20, Triton 10.
+The AITER adapters are registered only when ``aiter`` imports and is AMD's (PyPI ``amd-aiter``,
+:mod:`hwrun_amd.aiter_library`); none is validated on hardware from this project: their
+conventions are tested against a fake AITER (plugins/amd/tests/fake_aiter.py).
+
+Triton: any number of heads runs (the kernels pad heads in registers: the indexer to a power
+of two of at least 16, the sparse MLA decode to blocks of 128). Kernels that read OCP e4m3fn
+codes (indexer logits, fp8_ds_mla decode) are refused on gfx942 (FNUZ fp8, see
 :mod:`hwrun_amd.device_checks`); the cache writes compute e4m3 and e2m1 bits with integer
 arithmetic, so the rows they write are exact on gfx942 too.
 """
@@ -19,11 +22,14 @@ from hwrun.platform import Capabilities, PlatformInfo
 from hwrun.platform_hooks import platform_hooks
 from hwrun.registry import OpRegistry
 from hwrun.target import Target
+from hwrun_amd import aiter_indexer
+from hwrun_amd.aiter_library import aiter_problem
 from hwrun_amd.device_checks import TUNED_FOR, triton_device_reasons
 from hwrun_amd.serve_recipe import hwrun_serve_recipe, hwrun_validate_deployment  # noqa: F401 (hooks)
 
 NAME = "amd"
 TRITON = TritonTier(triton_device_reasons, TUNED_FOR)
+AITER_PRIORITY = 20
 
 
 hwrun_api_version, hwrun_platform, hwrun_devices = platform_hooks(
@@ -31,7 +37,7 @@ hwrun_api_version, hwrun_platform, hwrun_devices = platform_hooks(
     PlatformInfo(
         name=NAME,
         vendor="amd",
-        description="AMD Instinct GPUs (CDNA3/CDNA4): portable Triton tier",
+        description="AMD Instinct GPUs (CDNA3/CDNA4): portable Triton tier + AITER adapters",
         version="0.1.0",
     ),
     detect_amdsmi,
@@ -40,9 +46,11 @@ hwrun_api_version, hwrun_platform, hwrun_devices = platform_hooks(
 
 @hookimpl
 def hwrun_register_ops(registry: OpRegistry) -> None:
-    """The Triton tier; kernels are imported at the first call, so loading the plugin stays
-    cheap and works without a GPU."""
+    """The Triton tier, the AITER adapters above it when AMD's AITER imports. Triton kernels are
+    imported at the first call; AITER is imported here, only where it is installed."""
     TRITON.register(registry)
+    if aiter_problem() is None:
+        aiter_indexer.register(registry, AITER_PRIORITY)
 
 
 @hookimpl
