@@ -2,6 +2,9 @@
 matrix is what `--merge` produces from the checked-in results."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +110,44 @@ def test_the_checked_in_support_matrix_is_what_the_command_produces(tmp_path, mo
         "docs/support-matrix.md is stale: run `hwrun report --merge docs/results/*/results.jsonl "
         "--format md --out docs` and commit it"
     )
+
+
+EMPTY_PLUGIN = """
+from hwrun.devices import NoDevices
+from hwrun.hookspecs import hookimpl
+from hwrun.platform import PlatformInfo
+
+@hookimpl
+def hwrun_api_version():
+    return "1.1"
+
+@hookimpl
+def hwrun_platform():
+    return PlatformInfo(name="hwrun_report_run", vendor="test", description="registers nothing")
+
+@hookimpl
+def hwrun_devices():
+    raise NoDevices("no test accelerator on this host")
+"""
+
+
+def test_run_conformance_runs_the_suite_first_and_shows_its_results(tmp_path):
+    """The one thing the report runs: `hwrun conformance` in a subprocess, its reports kept
+    under --out; a platform that runs nothing there is not conformant (exit 1), and the report
+    still shows its rows."""
+    (tmp_path / "hwrun_report_run.py").write_text(EMPTY_PLUGIN)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HWRUN_PLUGINS": "hwrun_report_run"}
+    out = tmp_path / "out"
+    command = [sys.executable, "-c", "from hwrun.cli import main; main()", "report",
+               "--platform", "hwrun_report_run", "--run-conformance", "--quick",
+               "--models", "deepseek-v3.2", "--format", "json", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (out / "conformance" / "run.json").is_file()
+    data = json.loads((out / "report.json").read_text())
+    (source,) = data["conformance"]
+    assert source["mode"] == "quick" and source["platforms"]["hwrun_report_run"].startswith("cpu")
+    topk = next(row for row in data["ops"] if row["op"] == "indexer.topk")
+    cell = topk["platforms"]["hwrun_report_run"]
+    assert cell["tier"] == "reference fallback" and cell["state"] == "not supported"
+    assert cell["conformance"][0]["counts"]["NOT_SUPPORTED"] > 0
