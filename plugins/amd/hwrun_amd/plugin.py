@@ -1,5 +1,6 @@
 """Hooks of the AMD Instinct platform: the portable Triton tier (kernels in core, shared with
-the NVIDIA and PPU plugins) under AITER adapters (:mod:`hwrun_amd.aiter_indexer`, ...).
+the NVIDIA and PPU plugins) under AITER adapters (:mod:`hwrun_amd.aiter_indexer`,
+:mod:`~hwrun_amd.aiter_mla`, :mod:`~hwrun_amd.aiter_moe`).
 
 Priorities: an AITER adapter (when AMD's AITER imports and the spec suits it) 20, Triton 10.
 The AITER adapters are registered only when ``aiter`` imports and is AMD's (PyPI ``amd-aiter``,
@@ -22,7 +23,7 @@ from hwrun.platform import Capabilities, PlatformInfo
 from hwrun.platform_hooks import platform_hooks
 from hwrun.registry import OpRegistry
 from hwrun.target import Target
-from hwrun_amd import aiter_indexer
+from hwrun_amd import aiter_indexer, aiter_mla
 from hwrun_amd.aiter_library import aiter_problem
 from hwrun_amd.device_checks import TUNED_FOR, triton_device_reasons
 from hwrun_amd.serve_recipe import hwrun_serve_recipe, hwrun_validate_deployment  # noqa: F401 (hooks)
@@ -51,6 +52,7 @@ def hwrun_register_ops(registry: OpRegistry) -> None:
     TRITON.register(registry)
     if aiter_problem() is None:
         aiter_indexer.register(registry, AITER_PRIORITY)
+        aiter_mla.register(registry, AITER_PRIORITY)
 
 
 @hookimpl

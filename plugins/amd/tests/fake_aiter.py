@@ -172,6 +172,38 @@ class FakeAiter:
                 at = base + block * head_dim + (offset * head_dim + col) * 4 // quant_block_size
                 flat[at : at + 4] = scale.reshape(1).view(torch.uint8)
 
+    # -- sparse MLA
+
+    def mla_decode_fwd(
+        self, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
+        max_seqlen_q, page_size=1, nhead_kv=1, sm_scale=None, logit_cap=0.0,
+        return_lse=False, **_rest,
+    ):  # fmt: skip
+        """Softmax over each request's pages in fp32, natural-log LSE; a request without pages
+        gets 0 / 0 (NaN) and -inf, the kernel's arithmetic."""
+        self.calls.append("mla_decode_fwd")
+        total, heads, dim = q.shape
+        assert heads % 16 == 0, f"MLA decode kernels take heads in multiples of 16, got {heads}"
+        assert page_size == 1 and nhead_kv == 1 and tuple(kv_buffer.shape[1:]) == (1, 1, dim)
+        assert bool((kv_last_page_lens == 1).all())
+        value_dim = o.shape[-1]
+        lse = torch.empty(total, heads)
+        for b in range(qo_indptr.shape[0] - 1):
+            rows = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
+            pages = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long()
+            kv = kv_buffer[pages, 0, 0].float()  # [n, 576]
+            scores = (q[rows].float() @ kv.T) * sm_scale  # [m, H, n]
+            top = (
+                scores.amax(-1, keepdim=True)
+                if pages.numel()
+                else torch.full((*scores.shape[:-1], 1), float("-inf"))
+            )
+            weights = torch.exp(scores - top)
+            total_weight = weights.sum(-1, keepdim=True)
+            o[rows] = ((weights @ kv[:, :value_dim]) / total_weight).to(o.dtype)
+            lse[rows] = (top + torch.log(total_weight)).squeeze(-1)
+        return o.view(total, heads, value_dim), (lse if return_lse else None)
+
     # -- installing the modules
 
     def install(self, monkeypatch) -> None:
@@ -192,6 +224,7 @@ class FakeAiter:
         top.__path__ = []  # a package
         for name in ("aiter.ops", "aiter.ops.triton", "aiter.ops.triton.attention"):
             module(name).__path__ = []
+        module("aiter.mla", mla_decode_fwd=self.mla_decode_fwd)
         where = "aiter.ops.triton.attention" if self.moved_logits else "aiter.ops.triton"
         module(f"{where}.fp8_mqa_logits", fp8_mqa_logits=self.fp8_mqa_logits)
         module(
