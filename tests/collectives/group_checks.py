@@ -161,6 +161,15 @@ def check_topk_adversarial(comm: Communicator, device: str) -> tuple[list[str], 
     if world > 1 and not bool(result.tie_round.all()):
         problems.append(f"relu zeros W={world}: the tie round did not run on every row")
     compare(zeros, k, "relu zeros, c = k", candidates=k)
+
+    # ties crowded onto rank 0's early tokens (the others tie only late): rank 0 must give more
+    # than its first share of tied ids, so the tie round sends the rest
+    crowded = torch.full((2, length), -1.0)
+    crowded[:, (cols % world == 0) | (cols > length // 2)] = 0.0
+    crowded[1, world + 1 :: 7 * world] = 3.0
+    result = compare(crowded, k, "crowded ties")
+    if world > 1 and result.rounds != 3:
+        problems.append(f"crowded ties W={world}: {result.rounds} rounds, expected 1 + 2 for ties")
     zero_lengths = torch.tensor([length, k + 3, length - 1, length - 7])
     compare(zeros, k, "relu zeros, lengths", zero_lengths)
 

@@ -100,16 +100,26 @@ def test_rounds_and_bytes_per_query() -> None:
     assert all(r.rounds == 1 and r.bytes_sent == (world - 1) * rows * k * 4 for r in every)
     assert mismatches(one, scores, k) == mismatches(every, scores, k) == []
 
-    # every score 0: round 1 reaches the threshold on every rank (resend), then the ties
-    # straddle it on every rank (tie round); each rank sends its first k tied local ids
+    # every score 0: every rank's worst sent score is the threshold, so nothing is resent, but
+    # the ties straddle it on every rank (tie round): each sends the local ids of its first
+    # ceil(1.5 k / W) tied tokens, and the k smallest positions are among them
     zeros = torch.zeros(1, length)
-    tied = merge_in_threads(zeros, k, world)
-    assert [r.rounds for r in tied] == [3] * world
-    assert all(r.bytes_sent == (world - 1) * (c + (k - c) + k) * 4 for r in tied)
-    assert [r.num_local.item() for r in tied] == [k // world] * world  # tokens 0 .. k-1
-    tied_amd = merge_in_threads(zeros, k, world, candidates=k)
-    assert [r.rounds for r in tied_amd] == [2] * world
-    assert mismatches(tied, zeros, k) == mismatches(tied_amd, zeros, k) == []
+    share = math.ceil(1.5 * k / world)
+    for candidates, sent in ((None, c), (k, k)):
+        tied = merge_in_threads(zeros, k, world, candidates=candidates)
+        assert [r.rounds for r in tied] == [2] * world
+        assert all(r.bytes_sent == (world - 1) * (sent + share) * 4 for r in tied)
+        assert [r.num_local.item() for r in tied] == [k // world] * world  # tokens 0 .. k-1
+        assert mismatches(tied, zeros, k) == []
+
+    # the k-th score is above every rank's c-th: a rank holding more winners resends
+    skewed = scores.clone()
+    skewed[:, ::world] += 100.0  # rank 0 holds every winner
+    resent = merge_in_threads(skewed, k, world)
+    assert [r.rounds for r in resent] == [2] * world
+    assert resent[0].bytes_sent == (world - 1) * rows * k * 4  # c, then the other k - c
+    assert resent[1].bytes_sent == (world - 1) * rows * c * 4
+    assert mismatches(resent, skewed, k) == []
 
 
 def test_merge_refuses_bad_inputs() -> None:

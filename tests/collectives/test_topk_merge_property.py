@@ -24,17 +24,23 @@ def merge_inputs(draw):
     k = draw(st.integers(1, 130))
     seed = draw(st.integers(0, 2**31 - 1))
     g = torch.Generator().manual_seed(seed)
-    kind = draw(st.sampled_from(["ties", "relu", "normal"]))
+    kind = draw(st.sampled_from(["ties", "relu", "crowded", "normal"]))
+    positions = torch.arange(length)
     if kind == "ties":  # few distinct values: ties everywhere
         picks = torch.randint(0, len(VALUES), (rows, length), generator=g)
         scores = torch.tensor(VALUES)[picks]
     elif kind == "relu":  # one index head: about half the scores exactly 0
         scores = torch.relu(torch.randn(rows, length, generator=g))
+    elif kind == "crowded":  # zeros on one rank's tokens, on the others' only from a position on
+        late = draw(st.integers(0, length))
+        scores = torch.where(torch.rand(rows, length, generator=g) < 0.1, 2.0, -1.0)
+        crowd = (positions % world == draw(st.integers(0, world - 1))) | (positions >= late)
+        scores[:, crowd & (scores[0] < 0)] = 0.0
     else:
         scores = torch.randn(rows, length, generator=g)
     favoured = draw(st.integers(-1, world - 1))  # skew: one rank's tokens win
     if favoured >= 0:
-        scores[:, torch.arange(length) % world == favoured] += 100.0
+        scores[:, positions % world == favoured] += 100.0
     lengths = None
     if draw(st.booleans()):
         lengths = torch.randint(0, length + 1, (rows,), generator=g)

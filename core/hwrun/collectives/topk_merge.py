@@ -13,25 +13,29 @@ sorted list orders equal scores by local index, and token position ``j * W + r``
 the selected tokens of every rank are a prefix of its sorted list: each rank only has to learn
 how long its prefix is.
 
-Rounds (the second and third only for the rows that need them; every rank computes the same
-decisions from the same data, so every rank runs the same collectives):
+Rounds (every rank computes the same decisions from the same data, so every rank runs the same
+collectives; rounds after the first run only for the rows that need them):
 
 1. all-gather every rank's best ``c`` scores per row (``c = min(k, ceil(1.5 k / W))`` by
    default; ``candidates=k`` sends all k, the seed's AMD variant, and never needs round 2). The
    k-th largest gathered score is the round-1 threshold T1.
-2. resend: a rank that sent c scores, its worst at or above T1 (or all of them, when the row has
-   fewer than k gathered), may hold more of the top-k: it sends the rest of its local top-k
-   scores by all-to-all. A rank not flagged has its unsent scores strictly below T1, and the
-   final threshold is at least T1, so they can never be selected or tie.
+2. resend: a rank that sent c scores, its worst above T1 (or any such rank, when the row
+   gathered at most k), may hold more of the top-k: it sends the rest of its local top-k scores
+   by all-to-all. Every other rank's unsent scores are at most T1, and the final threshold is
+   at least T1, so they are never selected; they can only tie, when its worst sent score is
+   the final threshold: then its tie count is unknown, and the tie round treats it as k.
 3. ties: with the final threshold T (the k-th largest known score), every rank knows how many
-   scores each rank holds above T and at T, and how many T-ties the top-k still needs. When the
-   ties at T are held by two or more ranks and not all of them fit, the tied ranks send the
-   local indices of their first ``min(ties, needed)`` tied tokens; every rank finds the needed
-   smallest token positions ``j * W + r`` among them and so its own count.
+   scores each rank holds above T and at T, and how many T-ties the top-k still needs. One
+   holder, or ties that all fit, need nothing more. Otherwise the tied tokens' positions are
+   merged like the scores (smaller first, all distinct): each tied rank sends the local ids of
+   its first ``ceil(1.5 needed / holders)`` tied tokens, every rank takes the needed-th
+   smallest position received, and a rank whose last sent position is below it (it may hold
+   more) sends the rest of its first ``min(ties, needed)``, in a second all-to-all.
 
-Exactness: every score above T is selected, none below; at T the smallest positions win, which
-is the single-device rule, and a rank's tied tokens beyond its first ``needed`` can never be
-among the needed smallest.
+Exactness: every score above T is selected, none below; at T the ``needed`` smallest positions
+win, which is the single-device rule. A rank's selected ties are a prefix of its tied tokens,
+so none beyond its first ``needed`` can win, and a rank that stopped sending at a position
+above the needed-th smallest cannot hold a smaller one.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ class TopkMergeResult:
     resend: torch.Tensor  # [R, W] bool: rank w resent its remaining scores of row i (round 2)
     tie_round: torch.Tensor  # [R] bool: row i's ties at the threshold took round 3
     threshold: torch.Tensor  # [R] float32: the k-th score; NaN where every candidate is selected
-    rounds: int  # collectives this merge ran (0 to 3)
+    rounds: int  # collectives this merge ran (0 to 4: gather, resend, two for ties)
     bytes_sent: int  # payload this rank sent to its peers, every round
 
 
@@ -122,10 +126,14 @@ def topk_merge(
     _check_sorted(known)
     rounds, bytes_sent = 1, (world - 1) * rows * c * _SCORE_BYTES
 
+    full = torch.zeros(world, rows, dtype=torch.bool, device=device)  # [W, R] may hold more
     if c < width:
         first_threshold, cut = _kth_score(known, k)
         worst = known[:, :, c - 1]  # [W, R], NaN where a rank had fewer than c
-        resend = (~worst.isnan() & (~cut | (worst >= first_threshold))).T
+        full = ~worst.isnan()
+        # a worst score equal to T1 leaves nothing above T1 unsent, only possible ties: those
+        # are the tie round's business (below), so only a worst score above T1 resends
+        resend = (full & (~cut | (worst > first_threshold))).T
     if bool(resend.any()):
         counts = resend.sum(0).tolist()
         payload = values[resend[:, rank], c:].contiguous()  # [rows this rank resends, width - c]
@@ -140,6 +148,10 @@ def topk_merge(
     valid = ~known.isnan()
     above = (valid & (known > threshold[None, :, None])).sum(2)  # [W, R]
     ties = (known == threshold[None, :, None]).sum(2)  # [W, R]
+    # a full rank that did not resend, its worst sent score at the threshold, may hold more
+    # ties than it sent: count k for it (more than a row can take; it sends what it has)
+    unsent_ties = full & ~resend.T & (known[:, :, c - 1] == threshold)
+    ties = torch.where(unsent_ties, k, ties)
     needed = k - above.sum(0)  # [R] ties the top-k takes (rows that cut)
     taken = torch.minimum(ties, needed)  # [W, R] the first ties each rank could give
     holders = (ties > 0).sum(0)
@@ -148,10 +160,16 @@ def topk_merge(
     chosen = taken[rank].clone()
     if bool(tie_round.any()):
         tied_rows = tie_round.nonzero().squeeze(1)
-        chosen[tied_rows], sent = _break_ties(
-            comm, order[tied_rows], above[:, tied_rows], taken[:, tied_rows], needed[tied_rows]
+        chosen[tied_rows], collectives, sent = _break_ties(
+            comm,
+            values[tied_rows],
+            order[tied_rows],
+            threshold[tied_rows],
+            above[:, tied_rows],
+            taken[:, tied_rows],
+            needed[tied_rows],
         )
-        rounds += 1
+        rounds += collectives
         bytes_sent += (world - 1) * sent * _INDEX_BYTES
 
     count = torch.where(cut, above[rank] + chosen, mine)
@@ -161,29 +179,77 @@ def topk_merge(
 
 def _break_ties(
     comm: Communicator,
-    order: torch.Tensor,  # [n, width] this rank's sorted local ids of the tied rows
+    values: torch.Tensor,  # [n, width] this rank's sorted scores of the tied rows (NaN: none)
+    order: torch.Tensor,  # [n, width] their local ids
+    threshold: torch.Tensor,  # [n] the tied score
     above: torch.Tensor,  # [W, n] each rank's scores above the threshold
     taken: torch.Tensor,  # [W, n] each rank's ties that may be needed: min(ties, needed)
     needed: torch.Tensor,  # [n] ties the top-k takes
-) -> tuple[torch.Tensor, int]:
-    """Round 3: this rank's tied tokens among the ``needed`` smallest token positions of every
-    rank's tied tokens. Returns its count per row and the local ids it sent."""
+) -> tuple[torch.Tensor, int, int]:
+    """The tie round: this rank's count of tied tokens among the ``needed`` smallest token
+    positions of every rank's ties, the collectives run (1 or 2) and the local ids it sent.
+
+    The merge of scores again, on positions (smaller first, all distinct): each tied rank sends
+    its first ``ceil(1.5 needed / holders)`` tied ids (at most ``taken``); a rank whose last sent
+    position is below the needed-th smallest received (or that sent them all, when too few were
+    received) may hold more and sends the rest of its ``taken``. A rank whose tie count was
+    unknown (more ties than it sent scores) pads with -1 where it has no more ties.
+    """
     rank, world = comm.rank, comm.world_size
     n, width = order.shape
     span = int(taken.max())
     slot = torch.arange(span, device=order.device)
-    position = (above[rank][:, None] + slot).clamp(max=width - 1)
-    mask_mine = slot < taken[rank][:, None]
-    payload = order.gather(1, position)[mask_mine].to(torch.int32)
-    counts = taken.sum(1).tolist()
-    received = comm.all_to_all([payload] * world, [(m,) for m in counts])
+    position = above[rank][:, None] + slot
+    inside = position.clamp(max=width - 1)
+    tied = (position < width) & (values.gather(1, inside) == threshold[:, None])
+    ids = torch.where(tied, order.gather(1, inside), -1)  # [n, span] this rank's ties, -1 padded
+    holders = (taken > 0).sum(0)
+    share = torch.minimum(
+        taken, (3 * needed + 2 * holders - 1).div(2 * holders, rounding_mode="floor")
+    )
+
     unused = torch.iinfo(torch.int64).max
     tokens = torch.full((world, n, span), unused, dtype=torch.int64, device=order.device)
+    first = slot < share[:, :, None]  # [W, n, span]
+    sent = _send_positions(comm, ids, first, tokens)
+    kth = _nth_smallest(tokens, needed)
+    last_slot = (share - 1).clamp(min=0)[:, :, None]
+    last = tokens.gather(2, last_slot).squeeze(2)  # [W, n] each rank's last sent position
+    more = (share < taken) & (last != unused) & ((kth == unused) | (last < kth))
+    collectives = 1
+    if bool(more.any()):
+        rest = more[:, :, None] & ~first & (slot < taken[:, :, None])
+        sent += _send_positions(comm, ids, rest, tokens)
+        kth = _nth_smallest(tokens, needed)
+        collectives = 2
+    return (tokens[rank] <= kth[:, None]).sum(1), collectives, sent
+
+
+def _send_positions(
+    comm: Communicator,
+    ids: torch.Tensor,  # [n, span] this rank's tied local ids, -1 padded
+    slots: torch.Tensor,  # [W, n, span] bool: the slots each rank sends (the same on every rank)
+    tokens: torch.Tensor,  # [W, n, span] int64 token positions received so far; filled here
+) -> int:
+    """All-to-all of every rank's ``ids[slots[rank]]``; returns how many ids this rank sent."""
+    rank, world = comm.rank, comm.world_size
+    payload = ids[slots[rank]].to(torch.int32)
+    counts = slots.sum((1, 2)).tolist()
+    received = comm.all_to_all([payload] * world, [(m,) for m in counts])
+    unused = torch.iinfo(torch.int64).max
     for sender, part in enumerate(received):
-        tokens[sender][slot < taken[sender][:, None]] = _token_position(part.long(), sender, world)
+        local = part.long()
+        tokens[sender][slots[sender]] = torch.where(
+            local >= 0, _token_position(local, sender, world), unused
+        )
+    return payload.numel()
+
+
+def _nth_smallest(tokens: torch.Tensor, needed: torch.Tensor) -> torch.Tensor:
+    """[n] the needed-th smallest position received per row (int64 max when too few)."""
+    world, n, span = tokens.shape
     ranked = torch.sort(tokens.permute(1, 0, 2).reshape(n, world * span), dim=1).values
-    last = ranked.gather(1, (needed - 1)[:, None])  # [n, 1] the needed-th smallest position
-    return (tokens[rank] <= last).sum(1), payload.numel()
+    return ranked.gather(1, (needed - 1)[:, None]).squeeze(1)
 
 
 def _token_position(local: torch.Tensor, rank: int, world: int) -> torch.Tensor:
