@@ -39,6 +39,7 @@ class EngineConfig:
     # small per-row ops, where more threads only add synchronisation (a loaded 2-core machine ran
     # the default model 10x slower with 2 threads than with 1).
     cpu_threads: int = 1
+    tensor_parallel: int = 1  # ranks (local processes) the model is split across
     allow_fallback: bool = True  # an op the platform cannot serve may run on the reference
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False, hash=False)
@@ -60,7 +61,7 @@ class EngineConfig:
                 f"--index-dtype {self.index_dtype!r} is not an index-key format; "
                 f"choose one of {', '.join(INDEX_DTYPES)}"
             )
-        for name in ("max_num_seqs", "max_num_batched_tokens", "cpu_threads"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "cpu_threads", "tensor_parallel"):
             if getattr(self, name) < 1:
                 reasons.append(f"--{name.replace('_', '-')} must be >= 1")
         for name in ("max_model_len", "num_kv_tokens", "kv_cache_memory"):

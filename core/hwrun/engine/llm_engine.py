@@ -57,9 +57,9 @@ class LLMEngine:
         tokenizer: Any = TOKENIZER_FROM_CHECKPOINT,
     ):
         if runner is None:
-            from hwrun.engine.model_runner import build_model_runner
+            from hwrun.engine.tp_runner import build_runner
 
-            runner = build_model_runner(config)
+            runner = build_runner(config)
         self.config = config
         self.runner = runner
         self.tokenizer: Tokenizer | None = (

@@ -25,6 +25,7 @@ what it is batched with (the op impls promise the same through their own batch i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -85,8 +86,12 @@ class DeepseekV32:
         layout: PackedLayout,
         cache: torch.Tensor,  # [num_blocks, row_bytes] uint8 from allocate_cache
         batch_invariant: bool = False,
+        all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.config, self.weights, self.ops, self.formats = config, weights, ops, formats
+        # Under tensor parallelism ``config`` and ``weights`` are this rank's shard, and the
+        # partial outputs of attention and of the MLP are summed across ranks here.
+        self.all_reduce = all_reduce or (lambda x: x)
         self.layout = layout
         self.row_by_row = batch_invariant
         self.latent_views = [latent_view(cache, layout, i) for i in range(config.num_layers)]
@@ -102,9 +107,9 @@ class DeepseekV32:
         cos, sin = self.rotary.cos_sin(meta.positions, self.dtype)
         for index, layer in enumerate(self.weights.layers):
             x = self._rms_norm(h, layer.input_norm, self.config.rms_norm_eps)
-            h = h + self._attention(index, layer.attention, x, cos, sin, meta)
+            h = h + self.all_reduce(self._attention(index, layer.attention, x, cos, sin, meta))
             x = self._rms_norm(h, layer.post_attention_norm, self.config.rms_norm_eps)
-            h = h + self._mlp(layer.mlp, x)
+            h = h + self.all_reduce(self._mlp(layer.mlp, x))
         h = self._rms_norm(h[meta.logit_rows], self.weights.final_norm, self.config.rms_norm_eps)
         return self.weights.lm_head(h, self.row_by_row).float()
 

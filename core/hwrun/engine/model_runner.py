@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,7 @@ from hwrun.engine.op_table import (
     engine_op_specs,
     resolve_ops,
 )
+from hwrun.engine.tensor_parallel import shard_config, shard_weights, tp_reasons
 from hwrun.engine.weights import MoEWeights, load_weights
 from hwrun.kv.layout import PackedLayout, plan_packed_layout
 from hwrun.kv.views import allocate_cache, kernel_id_reasons
@@ -36,6 +38,16 @@ from hwrun.plugins import PluginSet, load_plugins
 
 BLOCK_SIZE = 64  # one kernel page per block: the strided cache views the ops take need it
 DEFAULT_POOL_BYTES = 1 << 30  # pool cap when neither --num-kv-tokens nor --kv-cache-memory
+
+
+@dataclass(frozen=True)
+class TensorShard:
+    """This process's place in a tensor-parallel group: its rank, the group's size, and how its
+    partial sums are added across the group (identity when alone)."""
+
+    rank: int = 0
+    world: int = 1
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -219,8 +231,14 @@ def _pool_blocks(config: EngineConfig, layout: PackedLayout, max_model_len: int)
     return max(min(wanted, DEFAULT_POOL_BYTES // layout.row_bytes), per_sequence)
 
 
-def build_model_runner(config: EngineConfig, plugins: PluginSet | None = None) -> ModelRunner:
-    """Start the engine's model side for ``config``; raises EngineStartupError (every reason)."""
+def build_model_runner(
+    config: EngineConfig, plugins: PluginSet | None = None, shard: TensorShard | None = None
+) -> ModelRunner:
+    """Start the engine's model side for ``config``; raises EngineStartupError (every reason).
+
+    ``shard``: this process's rank of a tensor-parallel group (see ``tp_runner``); None runs the
+    whole model here.
+    """
     problems = config.problems()
     if problems:
         raise EngineStartupError("the engine options cannot run", problems)
@@ -229,7 +247,8 @@ def build_model_runner(config: EngineConfig, plugins: PluginSet | None = None) -
     plugins = plugins or load_plugins()
     platform = plugins.choose_platform(config.platform)
     target = plugins.target(platform)
-    device = torch.device(config.device or target.torch_device())
+    shard = shard or TensorShard()
+    device = torch.device(config.device or target.torch_device(shard.rank))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     max_model_len = config.max_model_len or model_config.max_position_embeddings
 
@@ -251,11 +270,17 @@ def build_model_runner(config: EngineConfig, plugins: PluginSet | None = None) -
 
     weights = load_weights(model_dir, model_config, device, dtype)
     moe = [layer.mlp for layer in weights.layers if isinstance(layer.mlp, MoEWeights)]
+    expert_format = moe[0].w13.format if moe else "bf16"
+    reasons = tp_reasons(model_config, shard.world, expert_format)
+    if reasons:
+        raise EngineStartupError(f"{model_dir} cannot run with --tp {shard.world}", reasons)
+    weights = shard_weights(weights, model_config, shard.rank, shard.world)
+    model_config = shard_config(model_config, shard.world)
     formats = ModelFormats(
         dtype=str(dtype).removeprefix("torch."),
         latent_format=config.kv_cache_dtype,
         index_format=config.index_dtype,
-        expert_format=moe[0].w13.format if moe else "bf16",
+        expert_format=expert_format,
         block_size=layout.block_size,
     )
     arch = target.arch if device.type == target.device_type else None
@@ -269,7 +294,14 @@ def build_model_runner(config: EngineConfig, plugins: PluginSet | None = None) -
     )
     pool = KVPool(layout, num_blocks, allocate_cache(layout, num_blocks, device))
     model = DeepseekV32(
-        model_config, weights, ops, formats, layout, pool.cache, config.batch_invariant
+        model_config,
+        weights,
+        ops,
+        formats,
+        layout,
+        pool.cache,
+        config.batch_invariant,
+        shard.all_reduce,
     )
     graphs, status = _decode_graphs(config, model, ops, device, max_model_len, layout.block_size)
     return ModelRunner(
