@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU wheel first: with it in place no later requirement pulls a CUDA build of torch.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test,triton]' $(addprefix -e ,$(PLUGINS))
+	$(BIN)/python -m pip install -q -e '.[test,triton]' $(addprefix -e ,$(filter-out plugins/tpu,$(PLUGINS))) -e 'plugins/tpu[jax]'
 	touch $(STAMP)
 
 lint: $(STAMP)

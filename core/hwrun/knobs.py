@@ -23,6 +23,11 @@ KNOBS: dict[str, str] = {
     "'Authorization: Bearer <key>' on /v1 (with --engine vllm it becomes VLLM_API_KEY).",
     "HWRUN_VLLM": "The vllm executable `hwrun serve --engine vllm` runs (default: `vllm` on "
     "PATH), e.g. the one of a separate virtualenv.",
+    "HWRUN_PALLAS_INTERPRET": "The TPU plugin's Pallas kernels on the CPU (slow: for CI and "
+    "debugging; no statement about TPU hardware): 1 (also true, yes, on) runs them in Pallas's "
+    "interpret mode; 'tpu' in its TPU interpret mode, which also emulates the TPU's memories "
+    "and DMAs and raises on out-of-bounds reads (slower). 0 or unset (default): they serve TPU "
+    "devices only. Any other value is refused.",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
     "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "
     "(slow: for CI and debugging; vendor-library adapters still need their device). Triton reads "
@@ -96,3 +101,19 @@ def vllm_executable() -> str | None:
 def triton_interpret() -> bool:
     # Triton's C++ getenv_bool: only "1", "true" and "on" (any case) switch it on.
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "on"}
+
+
+def pallas_interpret() -> str | None:
+    """None (off), "generic" (1 and its synonyms) or "tpu"; raises :class:`KnobError` for a
+    value not in KNOBS' list."""
+    raw = os.environ.get("HWRUN_PALLAS_INTERPRET", "").strip().lower()
+    if raw == "tpu":
+        return "tpu"
+    if raw in TRUE_VALUES:
+        return "generic"
+    if raw in ("", *FALSE_VALUES):
+        return None
+    raise KnobError(
+        f"HWRUN_PALLAS_INTERPRET={os.environ['HWRUN_PALLAS_INTERPRET']!r} is not accepted; set "
+        f"it to 'tpu', one of {', '.join(TRUE_VALUES)} or {', '.join(FALSE_VALUES)}, or unset it"
+    )

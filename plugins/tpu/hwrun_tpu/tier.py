@@ -1,0 +1,137 @@
+"""The Pallas kernels as registrable impls: what each computes, where it may run, what the
+platform claims.
+
+Where: on a TPU (torch_xla tensors, device type ``"xla"``, with JAX's TPU backend) the kernels
+would run compiled through Mosaic; off a TPU, CPU tensors are served only in Pallas's TPU
+interpret mode (``HWRUN_PALLAS_INTERPRET=1``), which emulates the TPU's memories, DMAs and
+scalar prefetch. No kernel has run on TPU hardware yet: every impl's description says so, and
+so does the plugin's README, until one has.
+
+What: each :class:`PallasKernel` states its limits (formats, dtypes, head dims), the same in
+both places. The platform's claims are asked of the same ``validate`` on its Target, so a
+machine without a TPU and without the interpret mode claims nothing.
+
+The host functions import their kernel module (and so JAX) at the first call: loading the
+plugin imports neither, and a machine without JAX lists the reason instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hwrun import knobs
+from hwrun.registry import OpImpl, OpRegistry, OpSpec
+
+if TYPE_CHECKING:
+    from hwrun.target import Target
+
+PALLAS_PRIORITY = 10
+TPU_DEVICE_TYPE = "xla"  # torch_xla's device type, as hwrun.devices.detect_tpu_info reports it
+VALIDATION = "not validated on hardware"
+
+
+def _nothing(spec: OpSpec) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class PallasKernel:
+    """One op's Pallas kernel: its host function and what it can compute."""
+
+    op: str
+    fn: Callable[..., Any]
+    limits: Callable[[OpSpec], list[str]]  # reasons it cannot serve a spec, on any device
+    description: str
+    formats: tuple[str, ...] = ()  # storage formats it reads or writes (the claim's candidates)
+    # Each grid step computes one fixed shape from its own row's data: a row's result has the
+    # same bits alone or in a batch (the conformance BATCH cases check it).
+    batch_invariant: bool = True
+
+
+def host_reasons(spec: OpSpec) -> list[str]:
+    """JAX must import; CPU tensors only in the interpret mode; other devices must be a TPU."""
+    reasons = []
+    if importlib.util.find_spec("jax") is None:
+        reasons.append("JAX is not installed (pip install 'hwrun-tpu[jax]')")
+    if spec.device_type == "cpu":
+        if not knobs.pallas_interpret():
+            reasons.append(
+                "tensors are on 'cpu': the Pallas kernels need a TPU, or Pallas's TPU interpret "
+                "mode (set HWRUN_PALLAS_INTERPRET=1)"
+            )
+    elif spec.device_type != TPU_DEVICE_TYPE:
+        reasons.append(
+            f"tensors are on {spec.device_type!r}: the Pallas kernels run on TPUs (torch_xla "
+            f"tensors, device type {TPU_DEVICE_TYPE!r}) or in the interpret mode on 'cpu'"
+        )
+    else:
+        reasons += _jax_tpu_reasons()
+    return reasons
+
+
+def _jax_tpu_reasons() -> list[str]:
+    try:
+        import jax
+
+        backend = jax.default_backend()
+    except Exception as exc:
+        return [f"JAX could not start its backend ({type(exc).__name__}: {exc})"]
+    if backend != "tpu":
+        return [f"JAX's backend is {backend!r}: the kernels compile for its TPU backend only"]
+    return []
+
+
+def validator(kernel: PallasKernel) -> Callable[[OpSpec], list[str]]:
+    def validate(spec: OpSpec) -> list[str]:
+        return host_reasons(spec) + kernel.limits(spec)
+
+    return validate
+
+
+@dataclass(frozen=True)
+class TierClaims:
+    ops: frozenset[str]
+    formats: frozenset[str]
+    features: frozenset[str]  # batch_invariant:<op> per claimed batch-invariant op
+
+
+@dataclass(frozen=True)
+class PallasTier:
+    """The kernels of :data:`hwrun_tpu.kernels.KERNELS` as the TPU platform registers and
+    claims them."""
+
+    kernels: tuple[PallasKernel, ...]
+
+    def register(self, registry: OpRegistry) -> None:
+        for kernel in self.kernels:
+            registry.register(
+                OpImpl(
+                    op=kernel.op,
+                    name="pallas",
+                    platform=registry.platform,
+                    fn=kernel.fn,
+                    validate=validator(kernel),
+                    priority=PALLAS_PRIORITY,
+                    description=f"Pallas: {kernel.description} ({VALIDATION})",
+                    batch_invariant=kernel.batch_invariant,
+                )
+            )
+
+    def claims(self, target: Target) -> TierClaims:
+        """What the kernels' own validate accepts on ``target`` (its device, else 'cpu'): an op
+        whose spec with only the device filled in passes, and each of its formats that does."""
+        ops, formats, features = set(), set(), set()
+        for kernel in self.kernels:
+            validate = validator(kernel)
+            if validate(target.spec(kernel.op)):
+                continue
+            ops.add(kernel.op)
+            if kernel.batch_invariant:
+                features.add(f"batch_invariant:{kernel.op}")
+            for fmt in kernel.formats:
+                if not validate(target.spec(kernel.op, formats=(fmt,))):
+                    formats.add(fmt)
+        return TierClaims(frozenset(ops), frozenset(formats), frozenset(features))
