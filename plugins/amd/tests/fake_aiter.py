@@ -18,7 +18,11 @@ What each fake reproduces (from AITER's source, ROCm/aiter):
 - ``indexer_k_quant_and_cache``: ``[blocks, block, stride]`` cache, int64 slots, scale
   ``max(amax, 1e-4) / fp8_max`` (ue8m0: ``2^ceil(log2)``), elements ``k * (1 / scale)`` in the
   cache's fp8 type (FNUZ, max 240, on gfx942), keys row-major or in 16x16 tiles (preshuffle).
-- ``mla_decode_fwd``: see :func:`mla_decode_fwd`; ``fused_moe`` and the shuffles: see there.
+- ``mla_decode_fwd``: see :meth:`FakeAiter.mla_decode_fwd`.
+- ``fused_moe`` (SiLU, per-1x32, fp4 weights): weights and scales read in the layouts
+  ``shuffle_weight(layout=(16, 16))`` and ``e8m0_shuffle`` produce (copied from AITER), tokens
+  and the intermediate quantized to MXFP4 with AITER's activation rule (the amax bits
+  ``+ 0x200000`` masked to a power of two, ``floor(log2) - 2``), expert ids 0..E-1 only.
 """
 
 from __future__ import annotations
@@ -29,9 +33,57 @@ import types
 
 import torch
 
+from hwrun.formats.e2m1 import decode_e2m1, encode_e2m1
 from hwrun.formats.e4m3fnuz import decode_e4m3fnuz
+from hwrun.formats.mxfp4 import dequantize_mxfp4
 
 FNUZ = torch.float8_e4m3fnuz
+SILU, PER_1X32 = "Silu", "per_1x32"
+
+
+def shuffle_weight(x: torch.Tensor, layout=(16, 16)) -> torch.Tensor:
+    """AITER's ``shuffle_weight`` for 1-byte elements: 16-row x 32-byte tiles of 16-byte runs."""
+    rows_in, k_in = layout
+    bk, k = k_in * 2, 16 // x.element_size()
+    tiles = x.view(-1, x.shape[-2] // rows_in, rows_in, x.shape[-1] // bk, bk // k, k)
+    out = tiles.permute(0, 1, 3, 4, 2, 5).contiguous().view(*x.shape)
+    out.is_shuffled = True
+    return out
+
+
+def unshuffle_weight(x: torch.Tensor) -> torch.Tensor:
+    tiles = x.view(-1, x.shape[-2] // 16, x.shape[-1] // 32, 2, 16, 16)
+    return tiles.permute(0, 1, 4, 2, 3, 5).contiguous().view(*x.shape)
+
+
+def e8m0_shuffle(scale: torch.Tensor) -> torch.Tensor:
+    """AITER's ``shuffle_scale`` (not interleaved): padded to 256 x 8, 32 x 8 tiles permuted."""
+    m, n = scale.shape
+    padded = torch.empty(-(-m // 256) * 256, -(-n // 8) * 8, dtype=scale.dtype)
+    padded[:m, :n] = scale
+    sm, sn = padded.shape
+    return (
+        padded.view(sm // 32, 2, 16, sn // 8, 2, 4)
+        .permute(0, 3, 5, 2, 4, 1)
+        .contiguous()
+        .view(sm, sn)
+    )
+
+
+def e8m0_unshuffle(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    sm, sn = scale.shape
+    tiles = scale.view(sm // 32, sn // 8, 4, 16, 2, 2).permute(0, 5, 3, 1, 4, 2)
+    return tiles.contiguous().view(sm, sn)[:rows, :cols]
+
+
+def aiter_mxfp4_roundtrip(x: torch.Tensor) -> torch.Tensor:  # [T, N] -> [T, N] fp32
+    """Tokens through AITER's dynamic MXFP4 quantization and back (its scale rule)."""
+    blocks = x.float().reshape(x.shape[0], -1, 32)
+    bits = blocks.abs().amax(-1).view(torch.int32)
+    rounded = ((bits + 0x200000) & -0x800000).view(torch.float32)  # & 0xFF800000
+    exponent = (torch.floor(torch.log2(rounded)) - 2).clamp(-127, 127)
+    codes = encode_e2m1(blocks * torch.exp2(-exponent)[..., None])
+    return (decode_e2m1(codes) * torch.exp2(exponent)[..., None]).reshape(x.shape)
 
 
 class FakeAiter:
@@ -204,6 +256,35 @@ class FakeAiter:
             lse[rows] = (top + torch.log(total_weight)).squeeze(-1)
         return o.view(total, heads, value_dim), (lse if return_lse else None)
 
+    # -- MoE
+
+    def fused_moe(
+        self, hidden_states, w1, w2, topk_weight, topk_ids, expert_mask=None, activation=SILU,
+        quant_type=None, doweight_stage1=False, w1_scale=None, w2_scale=None, **_rest,
+    ):  # fmt: skip
+        self.calls.append("fused_moe")
+        assert activation == SILU and quant_type == PER_1X32
+        assert topk_ids.dtype == torch.int32 and bool((topk_ids >= 0).all())
+        experts_, rows1, half_d = w1.shape
+        rows2, half_i = w2.shape[1:]
+        w13 = dequantize_mxfp4(
+            unshuffle_weight(w1.view(torch.uint8)),
+            e8m0_unshuffle(w1_scale, experts_ * rows1, half_d // 16).reshape(experts_, rows1, -1),
+        )
+        w2_ = dequantize_mxfp4(
+            unshuffle_weight(w2.view(torch.uint8)),
+            e8m0_unshuffle(w2_scale, experts_ * rows2, half_i // 16).reshape(experts_, rows2, -1),
+        )
+        a = aiter_mxfp4_roundtrip(hidden_states)
+        out = torch.zeros(hidden_states.shape, dtype=torch.float32)
+        for t in range(a.shape[0]):
+            for j in range(topk_ids.shape[1]):
+                e = int(topk_ids[t, j])
+                gate, up = (w13[e] @ a[t]).chunk(2)
+                h = aiter_mxfp4_roundtrip((torch.nn.functional.silu(gate) * up)[None])[0]
+                out[t] += topk_weight[t, j] * (w2_[e] @ h)
+        return out.to(hidden_states.dtype)
+
     # -- installing the modules
 
     def install(self, monkeypatch) -> None:
@@ -220,11 +301,17 @@ class FakeAiter:
             top_k_per_row_decode=self.top_k_per_row_decode,
             indexer_k_quant_and_cache=self.indexer_k_quant_and_cache,
             dtypes=types.SimpleNamespace(fp8=self.fp8, fp4x2=torch.uint8, bf16=torch.bfloat16),
+            ActivationType=types.SimpleNamespace(Silu=SILU),
+            QuantType=types.SimpleNamespace(per_1x32=PER_1X32),
         )
         top.__path__ = []  # a package
         for name in ("aiter.ops", "aiter.ops.triton", "aiter.ops.triton.attention"):
             module(name).__path__ = []
         module("aiter.mla", mla_decode_fwd=self.mla_decode_fwd)
+        module("aiter.fused_moe", fused_moe=self.fused_moe)
+        module("aiter.ops.shuffle", shuffle_weight=shuffle_weight)
+        module("aiter.utility").__path__ = []
+        module("aiter.utility.fp4_utils", e8m0_shuffle=e8m0_shuffle)
         where = "aiter.ops.triton.attention" if self.moved_logits else "aiter.ops.triton"
         module(f"{where}.fp8_mqa_logits", fp8_mqa_logits=self.fp8_mqa_logits)
         module(
