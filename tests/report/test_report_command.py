@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import REPO, RESULTS
+from conftest import REPO, RESULTS, write_plugin
 
 from hwrun.cli import cli
 from hwrun.ops import catalogue
@@ -112,30 +112,11 @@ def test_the_checked_in_support_matrix_is_what_the_command_produces(tmp_path, mo
     )
 
 
-EMPTY_PLUGIN = """
-from hwrun.devices import NoDevices
-from hwrun.hookspecs import hookimpl
-from hwrun.platform import PlatformInfo
-
-@hookimpl
-def hwrun_api_version():
-    return "1.1"
-
-@hookimpl
-def hwrun_platform():
-    return PlatformInfo(name="hwrun_report_run", vendor="test", description="registers nothing")
-
-@hookimpl
-def hwrun_devices():
-    raise NoDevices("no test accelerator on this host")
-"""
-
-
 def test_run_conformance_runs_the_suite_first_and_shows_its_results(tmp_path):
     """The one thing the report runs: `hwrun conformance` in a subprocess, its reports kept
     under --out; a platform that runs nothing there is not conformant (exit 1), and the report
     still shows its rows."""
-    (tmp_path / "hwrun_report_run.py").write_text(EMPTY_PLUGIN)
+    write_plugin(tmp_path, "hwrun_report_run")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "HWRUN_PLUGINS": "hwrun_report_run"}
     out = tmp_path / "out"
     command = [sys.executable, "-c", "from hwrun.cli import main; main()", "report",

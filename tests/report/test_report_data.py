@@ -2,10 +2,9 @@
 capacity from the planner, benchmark files."""
 
 import json
-import textwrap
 
 import pytest
-from conftest import RESULTS
+from conftest import RESULTS, write_plugin
 
 from hwrun.errors import UsageError
 from hwrun.kv.capacity import plan_capacity
@@ -18,37 +17,14 @@ from hwrun.report.bench import load_bench
 from hwrun.report.capacity import capacity_section
 from hwrun.report.render import render_html, render_markdown
 
-EMPTY_PLUGIN = """
-from hwrun.devices import NoDevices
-from hwrun.hookspecs import hookimpl
-from hwrun.platform import PlatformInfo
-
-@hookimpl
-def hwrun_api_version():
-    return "1.1"
-
-@hookimpl
-def hwrun_platform():
-    return PlatformInfo(name="{name}", vendor="test", description="registers nothing")
-
-@hookimpl
-def hwrun_devices():
-    raise NoDevices("no test accelerator on this host")
-"""
-
-
-def _plugin(tmp_path, monkeypatch, name, body):
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body.format(name=name)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return name
-
 
 def _report(plugin_set, names, sources=(), bench=(), models=()):
     return build_report(plugin_set, list(names), list(sources), list(bench), list(models), 10**11)
 
 
 def test_a_platform_that_serves_nothing_here_says_so(tmp_path, monkeypatch):
-    module = _plugin(tmp_path, monkeypatch, "hwrun_report_empty", EMPTY_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = write_plugin(tmp_path, "hwrun_report_empty")
     plugin_set = load_plugins([module])
     report = _report(plugin_set, ["reference", module])
     (row,) = [p for p in report["platforms"] if p["name"] == module]
@@ -153,16 +129,15 @@ def test_every_hardware_validated_impl_is_registered(monkeypatch):
 
 
 def test_malformed_hardware_validated_makes_the_plugin_broken(tmp_path, monkeypatch):
-    body = EMPTY_PLUGIN + textwrap.dedent(
-        """
+    claims = """
         from hwrun.platform import Capabilities
 
         @hookimpl
         def hwrun_capabilities(target):
             return Capabilities(hardware_validated=(("indexer.topk", "triton"),))
         """
-    )
-    module = _plugin(tmp_path, monkeypatch, "hwrun_report_bad_claims", body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = write_plugin(tmp_path, "hwrun_report_bad_claims", claims)
     (plugin,) = [p for p in load_plugins([module]).plugins if p.name == module]
     assert plugin.status == "broken"
     assert "hardware_validated" in plugin.reason and "(op, impl, arch)" in plugin.reason

@@ -43,20 +43,24 @@ class ResultSource:
 
     @property
     def date(self) -> str | None:
-        return self.run.get("date") if self.run else None
+        return self.fact("date")
 
     @property
     def commit(self) -> str | None:
-        return self.run.get("commit") if self.run else None
+        return self.fact("commit")
 
     @property
     def mode(self) -> str | None:
-        return self.run.get("mode") if self.run else None
+        return self.fact("mode")
 
     @property
     def interpreted(self) -> bool | None:
         """Whether Triton's interpreter ran the Triton kernels (None: not recorded)."""
-        return self.run.get("triton_interpret") if self.run else None
+        return self.fact("triton_interpret")
+
+    def fact(self, key: str) -> Any:
+        """A field of the run's run.json (None without one, or when it lacks the field)."""
+        return self.run.get(key) if self.run else None
 
     def platforms(self) -> list[str]:
         return list(dict.fromkeys(r["platform"] for r in self.rows))
@@ -103,8 +107,8 @@ class ResultSource:
             "commit": self.commit,
             "mode": self.mode,
             "triton_interpret": self.interpreted,
-            "host": self.run.get("host") if self.run else None,
-            "torch": self.run.get("torch") if self.run else None,
+            "host": self.fact("host"),
+            "torch": self.fact("torch"),
             "platforms": {p: self.where(p) for p in self.platforms()},
         }
 
