@@ -39,7 +39,7 @@ hwrun_api_version, hwrun_platform, hwrun_devices = platform_hooks(
         name=NAME,
         vendor="amd",
         description="AMD Instinct GPUs (CDNA3/CDNA4): portable Triton tier + AITER adapters",
-        version="0.1.0",
+        version="0.2.0",
     ),
     detect_amdsmi,
 )
@@ -60,7 +60,7 @@ def hwrun_register_ops(registry: OpRegistry) -> None:
 def hwrun_capabilities(target: Target) -> Capabilities:
     """Claims computed from what the Triton tier's validate accepts on the target: the AMD GPUs
     (their architecture decides fp8), else CPU tensors, which only Triton's interpreter
-    serves. Without either, nothing is claimed."""
+    serves. Without either, nothing is claimed. The AITER adapters add no claim (see notes)."""
     served = TRITON.claims(target)
     return Capabilities(
         ops=served.ops,
@@ -71,8 +71,11 @@ def hwrun_capabilities(target: Target) -> Capabilities:
             "gfx942 (MI300) computes FP8 in the FNUZ variant (float8_e4m3fnuz): the Triton "
             "kernels that read OCP e4m3fn codes (indexer logits, fp8_ds_mla decode) refuse it; "
             "gfx950 (MI355X) uses OCP e4m3fn and has native MXFP4.",
-            "The Triton kernels pad heads in registers (any head count runs); AITER's sparse "
-            "MLA kernels would need heads padded to a multiple of 16.",
+            "The Triton kernels pad heads in registers (any head count runs); the AITER MLA "
+            "adapter pads heads to a multiple of 16, as AITER's kernels need.",
+            "AITER adapters (registered when AMD's aiter imports) are not validated on hardware "
+            "from this project: claims follow the Triton tier alone, so an AITER-only format "
+            "(MXFP4 experts) is served but not claimed.",
             "The Triton kernels run with their H200-tuned defaults; not validated on AMD "
             "hardware from this project.",
         ),
