@@ -69,7 +69,7 @@ def capacity_plots(section: dict[str, Any]) -> list[Plot]:
             _grouped_bars(
                 [str(g) for g in gpus],
                 {
-                    mode: [rows_[g]["tokens_per_replica"] if g in rows_ else 0 for g in gpus]
+                    mode: [rows_[g]["tokens_per_replica"] if g in rows_ else None for g in gpus]
                     for mode, rows_ in by_mode.items()
                 },
                 "GPUs",
@@ -95,7 +95,7 @@ def capacity_plots(section: dict[str, Any]) -> list[Plot]:
     for mode, rows_ in by_mode.items():
         for label in ("128K", "1M"):
             series[f"{mode} at {label}"] = [
-                rows_[g][f"concurrent_{label}"] if g in rows_ else 0 for g in gpus
+                rows_[g][f"concurrent_{label}"] if g in rows_ else None for g in gpus
             ]
     plots.append(
         Plot(
@@ -211,7 +211,7 @@ def _stacked_bars(labels: list[str], series: dict[str, list[float]], ylabel: str
 
 def _grouped_bars(
     groups: list[str],
-    series: dict[str, list[float]],
+    series: dict[str, list[float | None]],
     xlabel: str,
     ylabel: str,
     scale: float = 1.0,
@@ -224,7 +224,8 @@ def _grouped_bars(
         width = 0.8 / max(len(series), 1)
         for i, (color, (name, values)) in enumerate(zip(COLORS, series.items(), strict=False)):
             xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
-            ax.bar(xs, [v * scale for v in values], width, label=name, color=color)
+            heights = [0 if v is None else v * scale for v in values]  # None: not planned
+            ax.bar(xs, heights, width, label=name, color=color)
         ax.set_xticks(range(len(groups)), groups)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
