@@ -53,6 +53,7 @@ def test_report_writes_html_md_and_json(tmp_path):
         (("x.jsonl",), "results files as arguments need --merge"),
         (("--merge", "--format", "html", "x.jsonl"), "--merge writes md and json"),
         (("--models", "no-such-model"), "unknown model 'no-such-model'"),
+        (("--platform", "nope"), "unknown platform 'nope'; loaded platforms: reference"),
     ],
 )
 def test_usage_errors_say_what_to_change(tmp_path, args, message):

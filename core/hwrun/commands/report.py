@@ -11,10 +11,14 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from hwrun.errors import UsageError
+from hwrun.errors import HwrunError, UsageError
+
+if TYPE_CHECKING:
+    from hwrun.kv.specs import ModelSpec
 
 DEFAULT_OUT = "reports/report"
 DEFAULT_MODELS = ("kimi-k3.1-pro", "deepseek-v3.2")
@@ -135,7 +139,7 @@ def report(
             if platform_name == "all"
             else [plugin_set.choose_platform(platform_name)]
         )
-    except Exception as err:
+    except HwrunError as err:  # an unknown or unusable platform: what is loaded is listed
         raise click.BadParameter(str(err), param_hint="--platform") from None
     models = [_model(name) for name in model_names or DEFAULT_MODELS]
     paths = list(conformance_files)
@@ -153,7 +157,7 @@ def report(
     _write(out_dir, "report", formats, data)
 
 
-def _model(name: str):
+def _model(name: str) -> ModelSpec:
     from hwrun.models import ConfigError, UnknownModelError, get_model
 
     try:
