@@ -42,7 +42,7 @@ import torch
 
 from hwrun.formats.e4m3fnuz import fnuz_from_e4m3fn
 from hwrun.formats.index_keys import INDEX_DIM, get_index_key_format
-from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_reasons
+from hwrun.registry import OpSpec, dtype_reasons, format_reasons
 from hwrun_amd.aiter_library import aiter_function
 from hwrun_amd.device_checks import (
     FNUZ_FP8_ARCHS,
@@ -247,18 +247,3 @@ ADAPTERS = (
     ("kv.write_index_keys", write_index_keys, _write_reasons,
      "AITER indexer_k_quant_and_cache (fp8 keys, ue8m0 scale, gfx950)"),
 )  # fmt: skip
-
-
-def register(registry: OpRegistry, priority: int) -> None:
-    for op, fn, validate, description in ADAPTERS:
-        registry.register(
-            OpImpl(
-                op=op,
-                name="aiter",
-                platform=registry.platform,
-                fn=fn,
-                validate=validate,
-                priority=priority,
-                description=description + "; not validated on hardware",
-            )
-        )

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from hwrun.registry import OpImpl, OpRegistry, OpSpec
+
 AMD_AITER_PROBE = "top_k_per_row_prefill"  # in AMD's aiter namespace, in no other "aiter"
 INSTALL = "pip install amd-aiter (AMD's AITER; the PyPI package named 'aiter' is unrelated)"
 
@@ -60,3 +62,23 @@ def aiter_function(*paths: str) -> Callable[..., Any]:
     raise ImportError(
         "this AITER release has none of the known paths of the function: " + "; ".join(tried)
     )
+
+
+# (op, fn, validate, description) of one adapter; each aiter_* module lists its own in ADAPTERS.
+Adapter = tuple[str, Callable[..., Any], Callable[[OpSpec], list[str]], str]
+
+
+def register_adapters(registry: OpRegistry, adapters: tuple[Adapter, ...], priority: int) -> None:
+    """Register each adapter as the platform's "aiter" impl of its op."""
+    for op, fn, validate, description in adapters:
+        registry.register(
+            OpImpl(
+                op=op,
+                name="aiter",
+                platform=registry.platform,
+                fn=fn,
+                validate=validate,
+                priority=priority,
+                description=description + "; not validated on hardware",
+            )
+        )

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from hwrun.formats.latent import get_latent_format
-from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons
+from hwrun.registry import OpSpec, dtype_reasons
 from hwrun_amd.aiter_library import aiter_function
 from hwrun_amd.device_checks import arch_reasons, rocm_reasons
 
@@ -156,18 +156,7 @@ def _validate(spec: OpSpec) -> list[str]:
     return reasons
 
 
-def register(registry: OpRegistry, priority: int) -> None:
-    registry.register(
-        OpImpl(
-            op="sparse_mla.decode",
-            name="aiter",
-            platform=registry.platform,
-            fn=decode,
-            validate=_validate,
-            priority=priority,
-            description=(
-                "AITER mla_decode_fwd over the top-k as one-token pages (bf16 latent, heads "
-                "padded to 16); not validated on hardware"
-            ),
-        )
-    )
+ADAPTERS = (
+    ("sparse_mla.decode", decode, _validate,
+     "AITER mla_decode_fwd over the top-k as one-token pages (bf16 latent, heads padded to 16)"),
+)  # fmt: skip

@@ -29,7 +29,7 @@ import weakref
 import torch
 
 from hwrun.ops.quantized_weight import QuantizedWeight
-from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons
+from hwrun.registry import OpSpec, dtype_reasons
 from hwrun_amd.aiter_library import aiter_function
 from hwrun_amd.device_checks import arch_reasons, rocm_reasons
 
@@ -114,18 +114,7 @@ def _validate(spec: OpSpec) -> list[str]:
     return reasons
 
 
-def register(registry: OpRegistry, priority: int) -> None:
-    registry.register(
-        OpImpl(
-            op="moe.experts",
-            name="aiter",
-            platform=registry.platform,
-            fn=experts,
-            validate=_validate,
-            priority=priority,
-            description=(
-                "AITER fused_moe, MXFP4 per-1x32 (a4w4), pre-shuffled weights and scales; not "
-                "validated on hardware"
-            ),
-        )
-    )
+ADAPTERS = (
+    ("moe.experts", experts, _validate,
+     "AITER fused_moe, MXFP4 per-1x32 (a4w4), pre-shuffled weights and scales"),
+)  # fmt: skip

@@ -24,7 +24,7 @@ from hwrun.platform_hooks import platform_hooks
 from hwrun.registry import OpRegistry
 from hwrun.target import Target
 from hwrun_amd import aiter_indexer, aiter_mla, aiter_moe
-from hwrun_amd.aiter_library import aiter_problem
+from hwrun_amd.aiter_library import aiter_problem, register_adapters
 from hwrun_amd.device_checks import TUNED_FOR, triton_device_reasons
 from hwrun_amd.serve_recipe import hwrun_serve_recipe, hwrun_validate_deployment  # noqa: F401 (hooks)
 
@@ -51,9 +51,8 @@ def hwrun_register_ops(registry: OpRegistry) -> None:
     imported at the first call; AITER is imported here, only where it is installed."""
     TRITON.register(registry)
     if aiter_problem() is None:
-        aiter_indexer.register(registry, AITER_PRIORITY)
-        aiter_mla.register(registry, AITER_PRIORITY)
-        aiter_moe.register(registry, AITER_PRIORITY)
+        for family in (aiter_indexer, aiter_mla, aiter_moe):
+            register_adapters(registry, family.ADAPTERS, AITER_PRIORITY)
 
 
 @hookimpl
