@@ -194,7 +194,8 @@ def _paged(
         about=about,
     )
     siblings = fmt == "fp8" if quick_siblings is None else quick_siblings
-    return variants(case, padding=True, batch=next_n == 1 and batch > 1, quick_siblings=siblings)
+    batch_sibling = invariances and next_n == 1 and batch > 1
+    return variants(case, padding=invariances, batch=batch_sibling, quick_siblings=siblings)
 
 
 def cases(op: str) -> list[Case]:
