@@ -63,7 +63,7 @@ class TopkMergeResult:
     local_indices: torch.Tensor  # [R, k] int32 local ids in the top-k, best first, -1 padded
     num_local: torch.Tensor  # [R] int32: valid entries of local_indices per row
     resend: torch.Tensor  # [R, W] bool: rank w resent its remaining scores of row i (round 2)
-    tie_round: torch.Tensor  # [R] bool: row i's ties at the threshold took round 3
+    tie_round: torch.Tensor  # [R] bool: row i broke ties at the threshold by token position
     threshold: torch.Tensor  # [R] float32: the k-th score; NaN where every candidate is selected
     rounds: int  # collectives this merge ran (0 to 4: gather, resend, two for ties)
     bytes_sent: int  # payload this rank sent to its peers, every round
