@@ -1,10 +1,13 @@
 """GPU benchmark of the fused MoE (``moe.experts``, Triton) at DeepSeek-V3 expert shapes.
 
-Usage: ``python bench/moe_gpu.py [--tokens 1,8,64,512] [--tune] [--out DIR] [--no-peers]``.
-Run from the repository root with ``PYTHONPATH=core:plugins/nvidia``.
+Usage: ``python bench/moe_gpu.py [--tokens 1,8,64,512] [--weights fp8_block128|int4_g128]
+[--tune] [--out DIR] [--no-peers]``. Run from the repository root with
+``PYTHONPATH=core:plugins/nvidia``.
 
-256 experts, top 8, hidden 7168, expert width 2048, fp8 block-128 weights, one shared expert
-(fp8 too, as in DeepSeek-V3's checkpoint), uniform random routing (distinct experts per token).
+256 experts, top 8, hidden 7168, expert width 2048, fp8 block-128 weights (or W4A16 int4
+group-128 with ``--weights int4_g128``, the PPU's MoE; DeepGEMM is an fp8 peer and is skipped
+then), one shared expert in the same format (as in DeepSeek-V3's checkpoint), uniform random
+routing (distinct experts per token).
 Times are medians of CUDA-graph replays of the whole op (align, two GEMM kernels per expert
 group, combine). The floor is the bytes of the experts the batch touches (codes and scales,
 routed and shared, counted on the host) at the measured copy bandwidth, or the FLOPs at the
@@ -41,6 +44,18 @@ def fp8_weight(lead: tuple[int, ...], rows: int, cols: int, name: str) -> Quanti
     tiles = (*lead, -(-rows // 128), -(-cols // 128))
     scales = torch.rand(tiles, device="cuda") * 0.02 + 0.01
     return QuantizedWeight("fp8_block128", (*lead, rows, cols), codes, scales, name=name)
+
+
+def int4_weight(
+    lead: tuple[int, ...], rows: int, cols: int, name: str, device: str = "cuda"
+) -> QuantizedWeight:
+    """Random int4_g128 nibbles (all 16 codes) and fp32 group scales near 0.02."""
+    packed = torch.randint(0, 256, (*lead, rows, cols // 2), device=device, dtype=torch.uint8)
+    scales = torch.rand((*lead, rows, cols // 128), device=device) * 0.02 + 0.01
+    return QuantizedWeight("int4_g128", (*lead, rows, cols), packed, scales, name=name)
+
+
+WEIGHT_MAKERS = {"fp8_block128": fp8_weight, "int4_g128": int4_weight}
 
 
 def routing(tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,12 +127,16 @@ def breakdown(tokens, ids, w13, w2, shared) -> str:
     return f"T={tokens} breakdown: align {align_us:.1f} us, gate/up + down {gemm_us:.1f} us"
 
 
-def moe_rows(ceil, token_counts, tune: bool, peers: bool, log: list[str], deadline: float):
+def moe_rows(
+    ceil, token_counts, tune: bool, peers: bool, log: list[str], deadline: float, fmt: str
+):
     """Three passes, most wanted first, each stopped at ``deadline``: the default tiles at
-    every token count, then DeepGEMM, then the tile grid."""
-    w13 = fp8_weight((EXPERTS,), 2 * INTER, HIDDEN, "w13")
-    w2 = fp8_weight((EXPERTS,), HIDDEN, INTER, "w2")
-    shared = (fp8_weight((), 2 * INTER, HIDDEN, "sw13"), fp8_weight((), HIDDEN, INTER, "sw2"))
+    every token count, then DeepGEMM (fp8 weights only), then the tile grid."""
+    weight = WEIGHT_MAKERS[fmt]
+    w13 = weight((EXPERTS,), 2 * INTER, HIDDEN, "w13")
+    w2 = weight((EXPERTS,), HIDDEN, INTER, "w2")
+    shared = (weight((), 2 * INTER, HIDDEN, "sw13"), weight((), HIDDEN, INTER, "sw2"))
+    peers = peers and fmt == "fp8_block128"
     per_expert = (w13.nbytes + w2.nbytes) // EXPERTS
     shared_bytes = shared[0].nbytes + shared[1].nbytes
     rows, runs = [], []
@@ -132,7 +151,7 @@ def moe_rows(ceil, token_counts, tune: bool, peers: bool, log: list[str], deadli
             return moe.experts(x, w13, w2, ids, weights, "bf16", shared, tiles=tiles)
 
         us = bench(run)
-        shape = f"T={tokens} E={EXPERTS} k={TOP_K} D={HIDDEN} I={INTER} fp8_block128 +shared"
+        shape = f"T={tokens} E={EXPERTS} k={TOP_K} D={HIDDEN} I={INTER} {fmt} +shared"
         note = f"{touched} experts touched, {nbytes / 1e9:.2f} GB"
         rows.append(Row("moe.experts", shape, "triton", us, ceil.floor_us(nbytes, flops), {}, note))
         runs.append((tokens, ids, run))
@@ -199,6 +218,7 @@ def prefill_row(ceil) -> Row:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="1,8,64,512")
+    parser.add_argument("--weights", choices=sorted(WEIGHT_MAKERS), default="fp8_block128")
     parser.add_argument("--tune", action="store_true", help="time the tile grid per token count")
     parser.add_argument("--no-peers", action="store_true", help="skip DeepGEMM")
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop tuning/peers after")
@@ -215,7 +235,7 @@ def main() -> None:
     print(head, flush=True)
     log: list[str] = []
     tokens = [int(t) for t in args.tokens.split(",")]
-    rows = moe_rows(ceil, tokens, args.tune, not args.no_peers, log, deadline)
+    rows = moe_rows(ceil, tokens, args.tune, not args.no_peers, log, deadline, args.weights)
     try:
         rows.append(prefill_row(ceil))
     except Exception as exc:  # keep the MoE numbers
