@@ -171,6 +171,34 @@ def test_moe_experts_deepseek_v3_shapes(tokens):
     _moe_close(got, reference(x, w13, w2, ids, weights, "bf16", shared))
 
 
+def _int4_experts(experts, rows, cols, name):
+    """A random int4_g128 weight (W4A16) built from codes: every nibble, scales around 0.02."""
+    from hwrun.ops.quantized_weight import QuantizedWeight
+
+    lead = (experts,) if experts else ()
+    packed = torch.randint(0, 256, (*lead, rows, cols // 2), device="cuda", dtype=torch.uint8)
+    scales = torch.rand((*lead, rows, cols // 128), device="cuda") * 0.02 + 0.01
+    return QuantizedWeight("int4_g128", (*lead, rows, cols), packed, scales, name=name)
+
+
+@pytest.mark.parametrize("tokens", [1, 64])
+def test_moe_experts_w4a16_deepseek_v3_shapes(tokens):
+    """The W4A16 path (the PPU's MoE) at DeepSeek-V3 shapes, a shared expert as group E."""
+    from hwrun.kernels.triton.moe import experts
+    from hwrun.ops.moe_experts import experts as reference
+
+    num_experts, hidden, inter, k = 256, 7168, 2048, 8
+    w13 = _int4_experts(num_experts, 2 * inter, hidden, "w13")
+    w2 = _int4_experts(num_experts, hidden, inter, "w2")
+    shared = (_int4_experts(0, 2 * inter, hidden, "sw13"), _int4_experts(0, hidden, inter, "sw2"))
+    x = (torch.randn(tokens, hidden, device="cuda") * 0.1).to(torch.bfloat16)
+    ids = torch.rand(tokens, num_experts, device="cuda").argsort(1)[:, :k].to(torch.int32)
+    ids[0, 2] = -1  # a slot served by another rank
+    weights = torch.rand(tokens, k, device="cuda")
+    got = experts(x, w13, w2, ids, weights, "bf16", shared)
+    _moe_close(got, reference(x, w13, w2, ids, weights, "bf16", shared))
+
+
 def test_moe_experts_bf16_weights_and_own_shared_launches():
     from hwrun.kernels.triton.moe import experts
     from hwrun.ops.moe_experts import experts as reference
