@@ -30,7 +30,7 @@ hwrun_api_version, hwrun_platform, hwrun_devices = platform_hooks(
         name=NAME,
         vendor="google",
         description="Google TPUs: Pallas kernels for the DSA path (not validated on hardware)",
-        version="0.2.0",
+        version="0.1.0",
     ),
     detect_tpu_info,
 )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hwrun import knobs
+from hwrun.kernels.triton.registration import TierClaims  # the same shape of claims
 from hwrun.registry import OpImpl, OpRegistry, OpSpec
 
 if TYPE_CHECKING:
@@ -89,13 +90,6 @@ def validator(kernel: PallasKernel) -> Callable[[OpSpec], list[str]]:
         return host_reasons(spec) + kernel.limits(spec)
 
     return validate
-
-
-@dataclass(frozen=True)
-class TierClaims:
-    ops: frozenset[str]
-    formats: frozenset[str]
-    features: frozenset[str]  # batch_invariant:<op> per claimed batch-invariant op
 
 
 @dataclass(frozen=True)
