@@ -62,11 +62,18 @@ def test_seed_needs_fuzz() -> None:
     assert result.exit_code == 2 and "--seed applies to --fuzz" in result.output
 
 
-def test_a_platform_that_ran_nothing_is_not_called_conformant(tmp_path: Path) -> None:
+def test_a_platform_that_ran_nothing_is_not_called_conformant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
     report = tmp_path / "report"
-    result = _invoke("--platform", "tpu", "--quick", "--ops", "attn.*", "--report", str(report))
+    args = ("--platform", "bug-multi-tile", "--quick", "--ops", "attn.*", "--report", str(report))
+    result = _invoke(*args, env=_bug_env("hwrun_bug_multi_tile"))  # it implements top-k only
     assert result.exit_code == 1, result.output  # named alone and nothing was checked
-    line = "tpu: nothing run here (0 run, 0 passed, 14 not supported): no impl of attn.lse_combine"
+    line = (
+        "bug-multi-tile: nothing run here (0 run, 0 passed, 14 not supported): "
+        "no impl of attn.lse_combine"
+    )
     assert line in result.output
     assert "conformant" not in result.output.replace("not conformant", "")
     summary = (report / "summary.md").read_text()
@@ -167,8 +174,8 @@ def test_fuzz_specs_are_seeded_and_replay_as_named_cases() -> None:
 def test_plugins_that_break_appear_as_broken_and_the_others_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from foundation.plugin_modules import faulty_plugin, write_plugin
-    from foundation.test_plugin_faults import FAULTS
+    from tests.foundation.plugin_modules import faulty_plugin, write_plugin
+    from tests.foundation.test_plugin_faults import FAULTS
 
     modules = [faulty_plugin(tmp_path, name, hooks) for name, (hooks, _) in FAULTS.items()]
     modules.append(write_plugin(tmp_path, "raise RuntimeError('libvendor.so not found')\n"))
