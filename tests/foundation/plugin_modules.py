@@ -1,10 +1,8 @@
 """Writes throwaway plugin modules for loading tests."""
 
-import itertools
 import textwrap
+import uuid
 from pathlib import Path
-
-_counter = itertools.count()
 
 OP = "attn.lse_combine"  # a catalogue op: the registry refuses any other name
 
@@ -39,7 +37,9 @@ def hwrun_validate_deployment(deployment):
 
 def write_plugin(tmp_path: Path, body: str) -> str:
     """Write ``body`` as a fresh, uniquely named module in tmp_path; return its import name."""
-    name = f"hwrun_test_plugin_{next(_counter)}"
+    # Unique across processes and across copies of this module imported under another name
+    # (a counter restarts in each): a repeated name would import the cached, older module.
+    name = f"hwrun_test_plugin_{uuid.uuid4().hex[:12]}"
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
     return name
 
