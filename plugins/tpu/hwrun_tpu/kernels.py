@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hwrun.formats.latent import get_latent_format
 from hwrun.registry import OpSpec, dtype_reasons, format_reasons
 from hwrun_tpu.tier import PallasKernel
 
@@ -86,6 +87,31 @@ def _attention_limits(spec: OpSpec) -> list[str]:
     return reasons
 
 
+def _attention_vmem(spec: OpSpec, chip: Any, row_bytes: int) -> list[str]:
+    """One grid step of the attention kernel in VMEM: its blocks, double-buffered by the
+    pipeline (q bf16, the gathered rows, the mask, out fp32 and lse), and its temporaries (the
+    decoded rows and the scores in fp32). Unknown sizes are the models' (128 heads, k 2048)."""
+    heads, k = spec.num_heads or 128, spec.topk or 2048
+    blocks = heads * 576 * 2 + k * row_bytes + k * 4 + heads * 512 * 4 + heads * 8
+    temporaries = k * 576 * 4 + 2 * heads * k * 4
+    need = 2 * blocks + temporaries
+    if need > chip.vmem_capacity_bytes:
+        return [
+            f"{heads} heads x top-{k} needs {need / 2**20:.1f} MiB of VMEM per step, more than "
+            f"the {chip.vmem_capacity_bytes >> 20} MiB of a TPU {chip.chip_version} core"
+        ]
+    return []
+
+
+def _decode_chip_limits(spec: OpSpec, chip: Any) -> list[str]:
+    fmt = spec.formats[0] if spec.formats else "bf16"
+    return _attention_vmem(spec, chip, get_latent_format(fmt).row_bytes)
+
+
+def _prefill_chip_limits(spec: OpSpec, chip: Any) -> list[str]:
+    return _attention_vmem(spec, chip, 4 * 576)  # an fp32 workspace's rows, the wider kind
+
+
 def _decode_limits(spec: OpSpec) -> list[str]:
     return format_reasons(spec, LATENT_FORMATS, "latent") + _attention_limits(spec)
 
@@ -147,12 +173,14 @@ KERNELS: tuple[PallasKernel, ...] = (
         _decode_limits,
         "gather kernel (SparseCore step) into a dense buffer, dense attention over it",
         LATENT_FORMATS,
+        chip_limits=_decode_chip_limits,
     ),
     PallasKernel(
         "sparse_mla.prefill",
         _prefill,
         _attention_limits,
         "the decode's gather and attention over the bf16 / fp32 workspace",
+        chip_limits=_prefill_chip_limits,
     ),
     PallasKernel(
         "attn.lse_combine",

@@ -13,7 +13,7 @@ from hwrun import knobs
 from hwrun.errors import UnsupportedError
 from hwrun.registry import OpRegistry, OpSpec
 from hwrun.target import Target
-from hwrun_tpu import plugin
+from hwrun_tpu import plugin, tier
 
 PALLAS_OPS = {
     "kv.write_latent",
@@ -109,3 +109,32 @@ def test_loading_the_plugin_and_core_imports_no_jax():
         "assert 'jax' not in sys.modules, 'jax imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_chips_are_known_by_their_tpu_info_names():
+    assert tier.chip_info("V6E").vmem_capacity_bytes == 128 * 2**20
+    assert tier.chip_info("v7x").vmem_capacity_bytes == 64 * 2**20
+    assert tier.chip_info("V9Z") is None
+
+
+def test_on_a_tpu_the_attention_must_fit_the_chips_vmem(monkeypatch: pytest.MonkeyPatch):
+    import jax
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")  # as on a TPU host
+    decode = _pallas("sparse_mla.decode")
+
+    def spec(arch: str, topk: int) -> OpSpec:
+        return OpSpec(
+            decode.op,
+            formats=("fp8_ds_mla",),
+            num_heads=128,
+            topk=topk,
+            device_type="xla",
+            arch=arch,
+        )
+
+    assert decode.validate(spec("V4", 2048)) == []  # the models' shape fits 16 MiB
+    reasons = decode.validate(spec("V4", 8192))
+    assert len(reasons) == 1 and "MiB of VMEM" in reasons[0] and "16 MiB" in reasons[0], reasons
+    assert decode.validate(spec("V5E", 8192)) == []  # 128 MiB
+    assert "not a chip" in decode.validate(spec("V9Z", 2048))[0]
