@@ -48,6 +48,7 @@ from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 
 WEIGHT_FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0", "int4_g128")
 _FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "fp8_block128_ue8m0": 2, "int4_g128": 3}
+_INT4_OFFSET = tl.constexpr(INT4_OFFSET)  # an int4_g128 nibble stores q + 8
 
 
 @dataclass(frozen=True)
@@ -217,12 +218,12 @@ def _weight_tile(
     stride_sn,
     FORMAT: tl.constexpr,
     WIDE: tl.constexpr,
-    OFFSET: tl.constexpr = INT4_OFFSET,  # int4 nibbles store q + 8
 ):
     """The [BLOCK_N, BLOCK_K] weight tile in WIDE and, for fp8 and int4, its rows' scales
     [BLOCK_N] for the 128 columns this K step lies in."""
-    # int4: two columns per byte, column 2j in the low nibble of byte j.
-    byte = kk // 2 if FORMAT == 3 else kk
+    byte = kk
+    if FORMAT == 3:  # int4: two columns per byte, column 2j in the low nibble of byte j
+        byte = kk // 2
     raw = tl.load(
         w_base + n[:, None] * stride_wn + byte[None, :],
         mask=n_mask[:, None] & k_mask[None, :],
@@ -235,7 +236,7 @@ def _weight_tile(
         scale = tl.full(n.shape, 1.0, tl.float32)
     elif FORMAT == 3:
         nibble = (raw.to(tl.int32) >> ((kk % 2) * 4)[None, :]) & 0xF
-        value = tl.where(k_mask[None, :], nibble - OFFSET, 0)  # -8..7: exact in bf16
+        value = tl.where(k_mask[None, :], nibble - _INT4_OFFSET, 0)  # -8..7: exact in bf16
         tile = value.to(tl.float32).to(WIDE)
         scale = tl.load(s_base + n * stride_sn + k0 // 128, mask=n_mask, other=0.0)
     else:
