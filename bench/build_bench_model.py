@@ -6,6 +6,8 @@ dense), hidden 4096, 64 MLA heads (q-LoRA 1536, NoPE 128, RoPE 64, V 128), 64 in
 top-2048, 64 routed experts of width 1024 (top 8 in 8 groups, 4 kept) plus one shared: about
 12 B parameters, ~12.5 GB in FP8. Projections are stored as e4m3 with an fp32
 ``weight_scale_inv`` per 128x128 tile; norms, embeddings, the router and the LM head in bf16.
+``--bf16`` writes the same values decoded to bf16 (same seed, same model), for peers that do not
+read block-FP8 checkpoints (bench/transformers_decode.py).
 
     python bench/build_bench_model.py --out /tmp/bench-model [--layers 16 --hidden 4096 ...]
 
@@ -84,19 +86,30 @@ def config_for(args: argparse.Namespace) -> dict:
     }
 
 
-def _projection(out: dict, name: str, rows: int, cols: int, device: str) -> None:
+def _projection_of(out: dict, name: str, rows: int, cols: int, device: str, fp8: bool) -> None:
     w = torch.randn(rows, cols, device=device) * cols**-0.5
     codes, scale = fp8_block(w)
-    out[f"{name}.weight"] = codes.cpu()
-    out[f"{name}.weight_scale_inv"] = scale.cpu()
+    if fp8:
+        out[f"{name}.weight"] = codes.cpu()
+        out[f"{name}.weight_scale_inv"] = scale.cpu()
+        return
+    # The same values decoded (for peers that read bf16 checkpoints, e.g. transformers).
+    tiles = scale.repeat_interleave(TILE, 0).repeat_interleave(TILE, 1)[:rows, :cols]
+    out[f"{name}.weight"] = (codes.float() * tiles).to(torch.bfloat16).cpu()
 
 
 def _norm(out: dict, name: str, width: int) -> None:
     out[f"{name}.weight"] = torch.ones(width, dtype=torch.bfloat16)
 
 
-def layer_tensors(config: dict, index: int, device: str) -> dict[str, torch.Tensor]:
+def layer_tensors(
+    config: dict, index: int, device: str, fp8: bool = True
+) -> dict[str, torch.Tensor]:
     c, out = config, {}
+
+    def _projection(out: dict, name: str, rows: int, cols: int, device: str) -> None:
+        _projection_of(out, name, rows, cols, device, fp8)
+
     hidden, heads = c["hidden_size"], c["num_attention_heads"]
     p, a = f"model.layers.{index}.", f"model.layers.{index}.self_attn."
     _norm(out, p + "input_layernorm", hidden)
@@ -142,10 +155,13 @@ def build(args: argparse.Namespace) -> Path:
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     torch.manual_seed(args.seed)
     start, total = time.time(), 0
+    weight_map: dict[str, str] = {}  # the shard index Hugging Face loaders read
     for index in range(config["num_hidden_layers"]):
-        tensors = layer_tensors(config, index, args.device)
+        tensors = layer_tensors(config, index, args.device, fp8=not args.bf16)
         total += sum(t.numel() * t.element_size() for t in tensors.values())
-        save_file(tensors, out_dir / f"layer-{index:03d}.safetensors")
+        file = f"layer-{index:03d}.safetensors"
+        save_file(tensors, out_dir / file, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(tensors, file)
         print(f"layer {index}: {total / 2**30:.2f} GiB so far, {time.time() - start:.0f} s")
     hidden, vocab = config["hidden_size"], config["vocab_size"]
     rest = {
@@ -154,7 +170,10 @@ def build(args: argparse.Namespace) -> Path:
         "lm_head.weight": (torch.randn(vocab, hidden) * hidden**-0.5).to(torch.bfloat16),
     }
     total += sum(t.numel() * t.element_size() for t in rest.values())
-    save_file(rest, out_dir / "embed-head.safetensors")
+    save_file(rest, out_dir / "embed-head.safetensors", metadata={"format": "pt"})
+    weight_map |= dict.fromkeys(rest, "embed-head.safetensors")
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     print(f"wrote {out_dir}: {total / 2**30:.2f} GiB in {time.time() - start:.0f} s")
     return out_dir
 
@@ -177,6 +196,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--max-len", type=int, default=163840)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--bf16", action="store_true", help="the same weights decoded to bf16 (for transformers)"
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser.parse_args(argv)
 
