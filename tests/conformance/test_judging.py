@@ -158,6 +158,13 @@ def test_format_audit_judges_only_formats_of_the_selected_ops() -> None:
     # The same case of an op the platform does not implement says nothing about the claim.
     rows = audit(plugins, "reference", claims, [ran, replace(refused, refusals=())], "*")
     assert "formats:fp8" not in {r.case for r in rows}
+    # Under an --ops filter an op outside it may run fp8 (a claim names no op): not judged...
+    rows = audit(plugins, "reference", claims, [ran, refused], "kv.*")
+    assert "formats:fp8" not in {r.case for r in rows}
+    # ...but a case that ran in fp8 and failed still fails the claim.
+    failed = replace(refused, status=Status.FAIL, impl="fast", refusals=())
+    rows = audit(plugins, "reference", claims, [ran, failed], "kv.*")
+    assert next(r for r in rows if r.case == "formats:fp8").status == Status.FAIL
 
 
 def test_topk_invariance_tiers_compare_rows_as_sets() -> None:
