@@ -57,6 +57,26 @@ def _scores(q: jax.Array, w: jax.Array, keys: jax.Array) -> jax.Array:
     return jnp.sum(dots * w[:, :, None], axis=1)
 
 
+def _check_paged(
+    block_table: torch.Tensor,  # [B, max_blocks] int32
+    context_lens: torch.Tensor,  # [B, n] int32
+    block_size: int,
+    max_ctx: int,
+) -> None:
+    """The contract's refusals: a length past max_ctx or the table, a context that reaches an
+    unallocated (-1) table entry (the kernel would read page 0 there)."""
+    capacity = block_table.shape[1] * block_size
+    if bool(((context_lens < 0) | (context_lens > min(max_ctx, capacity))).any()):
+        raise ValueError(
+            f"context_lens must lie in [0, min(max_ctx={max_ctx}, max_blocks * block_size="
+            f"{capacity})], got {context_lens.tolist()}"
+        )
+    needed = -(-context_lens.amax(dim=1, keepdim=True) // block_size)  # [B, 1] blocks read
+    reached = torch.arange(block_table.shape[1])[None, :] < needed
+    if bool((reached & (block_table < 0)).any()):
+        raise ValueError("a context reaches an unallocated block-table entry (< 0)")
+
+
 @functools.lru_cache(maxsize=64)
 def _paged_call(
     batch, next_n, heads, fp8_q, num_blocks, block_size, max_blocks, steps, fmt, mode: str | None
@@ -117,6 +137,7 @@ def logits_paged(
     bpt = get_index_key_format(fmt).bytes_per_token
     num_blocks, block_size = cache.shape[0], cache.shape[1] // bpt
     max_blocks = block_table.shape[1]
+    _check_paged(block_table, context_lens, block_size, max_ctx)
     if batch == 0 or max_ctx == 0:
         return torch.full((batch * next_n, max_ctx), float("-inf"))
     steps = -(-max_ctx // block_size)
@@ -189,6 +210,8 @@ def logits_ragged(
         )
     rows, heads, _ = q.shape
     num_keys = key_elements.shape[0]
+    if bool(((ks < 0) | (ke < ks) | (ke > num_keys)).any()):
+        raise ValueError(f"every row needs 0 <= ks <= ke <= N={num_keys}")
     if rows == 0 or num_keys == 0:
         return torch.full((rows, num_keys), float("-inf"))
     tiles = -(-num_keys // KEY_TILE)

@@ -194,3 +194,12 @@ def test_lse_combine_empty_parts_add_nothing() -> None:
     torch.testing.assert_close(out, want_out, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-6)
     assert (out[2, 3] == 0).all() and lse[2, 3] == float("-inf")
+
+
+def test_logits_paged_refuses_a_context_over_an_unallocated_page() -> None:
+    cache = torch.zeros(2, 16 * 132, dtype=torch.uint8)
+    table = torch.tensor([[1, -1]], dtype=torch.int32)
+    q, weights = torch.zeros(1, 1, 4, 128), torch.zeros(1, 4)
+    lens = torch.tensor([[17]], dtype=torch.int32)  # token 16 lives in the unallocated block
+    with pytest.raises(ValueError, match="unallocated"):
+        tpu_indexer.logits_paged(q, weights, cache, "fp8", table, lens, 32)
