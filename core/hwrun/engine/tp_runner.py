@@ -21,9 +21,10 @@ import torch
 import torch.distributed as dist
 
 from hwrun.collectives.communicator import init_torch_communicator
+from hwrun.engine import model_runner
 from hwrun.engine.batch import ChunkLogits, ScheduledChunk
 from hwrun.engine.config import EngineConfig
-from hwrun.engine.model_runner import ModelRunner, TensorShard, build_model_runner
+from hwrun.engine.model_runner import ModelRunner, TensorShard
 
 
 def _free_port() -> int:
@@ -51,7 +52,7 @@ def _join(config: EngineConfig, rank: int, world: int, init_method: str) -> Tens
 
 def _worker_main(config: EngineConfig, rank: int, world: int, init_method: str) -> None:
     shard = _join(config, rank, world, init_method)
-    runner = build_model_runner(config, shard=shard)
+    runner = model_runner.build_model_runner(config, shard=shard)
     while True:
         message: list[Any] = [None]
         dist.broadcast_object_list(message, src=0)
@@ -62,10 +63,11 @@ def _worker_main(config: EngineConfig, rank: int, world: int, init_method: str) 
 
 
 def build_runner(config: EngineConfig) -> ModelRunner | TensorParallelRunner:
-    """The model runner ``config`` asks for: one process, or ``tensor_parallel`` of them."""
+    """The model runner ``config`` asks for: one process, or ``tensor_parallel`` of them.
+    (``build_model_runner`` is looked up on its module at the call, so tests can replace it.)"""
     if config.tensor_parallel > 1:
         return TensorParallelRunner(config, config.tensor_parallel)
-    return build_model_runner(config)
+    return model_runner.build_model_runner(config)
 
 
 class TensorParallelRunner:
@@ -87,7 +89,7 @@ class TensorParallelRunner:
         ]
         for worker in self._workers:
             worker.start()
-        self.local: ModelRunner = build_model_runner(
+        self.local: ModelRunner = model_runner.build_model_runner(
             config, shard=_join(config, 0, world, init_method)
         )
         self.world = world
