@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hwrun import knobs
-from hwrun.kernels.triton.registration import TierClaims  # the same shape of claims
+from hwrun.kernels.triton.registration import TierClaims, claims_from_validate
 from hwrun.registry import OpImpl, OpRegistry, OpSpec
 
 if TYPE_CHECKING:
@@ -142,15 +142,4 @@ class PallasTier:
     def claims(self, target: Target) -> TierClaims:
         """What the kernels' own validate accepts on ``target`` (its device, else 'cpu'): an op
         whose spec with only the device filled in passes, and each of its formats that does."""
-        ops, formats, features = set(), set(), set()
-        for kernel in self.kernels:
-            validate = validator(kernel)
-            if validate(target.spec(kernel.op)):
-                continue
-            ops.add(kernel.op)
-            if kernel.batch_invariant:
-                features.add(f"batch_invariant:{kernel.op}")
-            for fmt in kernel.formats:
-                if not validate(target.spec(kernel.op, formats=(fmt,))):
-                    formats.add(fmt)
-        return TierClaims(frozenset(ops), frozenset(formats), frozenset(features))
+        return claims_from_validate(self.kernels, validator, target)

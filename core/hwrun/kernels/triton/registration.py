@@ -16,7 +16,7 @@ neither Triton nor the kernels.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +95,28 @@ class TierClaims:
     features: frozenset[str]  # batch_invariant:<op> per claimed batch-invariant op
 
 
+def claims_from_validate(
+    kernels: Iterable[Any],  # each with .op, .formats, .batch_invariant
+    validate_of: Callable[[Any], Callable[[OpSpec], list[str]]],
+    target: Target,
+) -> TierClaims:
+    """What a tier's kernels claim on ``target``, asked of their own validate: an op whose
+    validate accepts a spec with only the target's device (and arch) filled in, and each of its
+    formats it accepts there (shared by the Triton and Pallas tiers)."""
+    ops, formats, features = set(), set(), set()
+    for kernel in kernels:
+        validate = validate_of(kernel)
+        if validate(target.spec(kernel.op)):
+            continue
+        ops.add(kernel.op)
+        if kernel.batch_invariant:
+            features.add(f"batch_invariant:{kernel.op}")
+        for fmt in kernel.formats:
+            if not validate(target.spec(kernel.op, formats=(fmt,))):
+                formats.add(fmt)
+    return TierClaims(frozenset(ops), frozenset(formats), frozenset(features))
+
+
 @dataclass(frozen=True)
 class TritonTier:
     """The portable Triton kernels as one platform registers and claims them.
@@ -133,18 +155,9 @@ class TritonTier:
         validate accepts a spec with only the target's device (and arch) filled in, and each of
         its formats it accepts there. On a CPU target without the interpreter that is nothing,
         so a plugin never claims an op whose every case would be refused."""
-        ops, formats, features = set(), set(), set()
-        for kernel in self.kernels():
-            validate = validator(kernel, self.device_reasons)
-            if validate(target.spec(kernel.op)):
-                continue
-            ops.add(kernel.op)
-            if kernel.batch_invariant:
-                features.add(f"batch_invariant:{kernel.op}")
-            for fmt in kernel.formats:
-                if not validate(target.spec(kernel.op, formats=(fmt,))):
-                    formats.add(fmt)
-        return TierClaims(frozenset(ops), frozenset(formats), frozenset(features))
+        return claims_from_validate(
+            self.kernels(), lambda kernel: validator(kernel, self.device_reasons), target
+        )
 
 
 # Host functions: the contract's arguments, the kernel's defaults (tuned on the H200).
