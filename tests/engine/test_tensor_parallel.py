@@ -84,3 +84,18 @@ def test_a_split_that_does_not_divide_is_refused_with_the_reason(checkpoint):
         EngineStartupError, match="num_attention_heads 4 is not divisible by --tp 3"
     ):
         build_model_runner(EngineConfig(**_flags(checkpoint)), shard=TensorShard(0, 3))
+
+
+def test_hwrun_generate_with_two_ranks_prints_the_single_rank_completion(checkpoint):
+    from click.testing import CliRunner
+
+    from hwrun.cli import cli
+
+    def generate(*extra: str) -> str:
+        args = ["generate", "--model", str(checkpoint.path), "--platform", "reference"]
+        args += ["--num-kv-tokens", "512", "--max-tokens", "5", "--token-ids", *extra, "5,9,11"]
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        return result.output.splitlines()[-2]  # "[5, 9, 11] -> [...]"
+
+    assert generate("--tensor-parallel-size", "2") == generate()

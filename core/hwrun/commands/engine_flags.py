@@ -27,6 +27,7 @@ ENGINE_FLAGS = (
     "no_fallback",
     "no_cuda_graphs",
     "cpu_threads",
+    "tensor_parallel",
 )
 
 
@@ -87,6 +88,14 @@ def engine_flags(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--no-fallback", is_flag=True, help="Refuse to run an op on the reference fallback."
+        ),
+        click.option(
+            "--tensor-parallel-size",
+            "tensor_parallel",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="Split the model across this many local processes (one GPU each; gloo on CPU).",
         ),
         click.option(
             "--cpu-threads",

@@ -64,6 +64,8 @@ def generate(prompts: tuple[str, ...], **options: Any) -> None:
     except PromptError as err:
         hint = "" if llm.tokenizer or options["token_ids"] else " (with --token-ids: '1,2,3')"
         raise click.BadParameter(f"{err}{hint}", param_hint="PROMPT") from err
+    finally:
+        llm.engine.close()
     for request, output in zip(requests, outputs, strict=True):
         completion = output.outputs[0]
         if options["as_json"]:

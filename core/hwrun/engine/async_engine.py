@@ -81,6 +81,7 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
+        self._engine.close()
 
     async def generate(
         self, prompt: str | list[int], params: SamplingParams, request_id: str

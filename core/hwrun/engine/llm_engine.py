@@ -159,6 +159,12 @@ class LLMEngine:
         self._finish(seq, "abort")
         return self.output(seq)
 
+    def close(self) -> None:
+        """Release the runner's processes, if it has any (a tensor-parallel group's workers)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
