@@ -29,10 +29,9 @@ import torch
 from hwrun.engine.batch import ScheduledChunk
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.model_runner import ModelRunner, build_model_runner
-from hwrun.engine.weights import MoEWeights
+from hwrun.engine.weights import MoEWeights, tensor_bytes
 from hwrun.formats.index_keys import get_index_key_format
 from hwrun.formats.latent import get_latent_format
-from hwrun.ops.quantized_weight import QuantizedWeight
 from hwrun.report.bench import bench_file
 
 
@@ -76,34 +75,21 @@ def step_bytes(runner: ModelRunner, batch: int, context: int) -> float:
     for layer in weights.layers:
         mlp = layer.mlp
         for name in ("attention", "input_norm", "post_attention_norm"):
-            total += _nbytes(getattr(layer, name))
+            total += tensor_bytes(getattr(layer, name))
         if isinstance(mlp, MoEWeights):
             experts = config.n_routed_experts
             per_expert = (mlp.w13.nbytes + mlp.w2.nbytes) / experts
             touched = experts * (1 - (1 - config.num_experts_per_tok / experts) ** batch)
-            total += touched * per_expert + _nbytes(mlp.shared) + _nbytes(mlp.router)
+            total += touched * per_expert + tensor_bytes(mlp.shared) + tensor_bytes(mlp.router)
         else:
-            total += _nbytes(mlp)
-    total += _nbytes(weights.lm_head)
+            total += tensor_bytes(mlp)
+    total += tensor_bytes(weights.lm_head)
     formats = runner.model.formats
     latent = get_latent_format(formats.latent_format).row_bytes
     keys = get_index_key_format(formats.index_format).bytes_per_token
     rows = min(config.index_topk, context)
     total += batch * config.num_layers * (rows * latent + context * keys)
     return total
-
-
-def _nbytes(obj: object) -> float:
-    """Bytes of the tensors held by a weight dataclass (tensors, QuantizedWeights, tuples)."""
-    if obj is None:
-        return 0.0
-    if isinstance(obj, torch.Tensor):
-        return float(obj.numel() * obj.element_size())
-    if isinstance(obj, QuantizedWeight):
-        return float(obj.nbytes)
-    if isinstance(obj, (tuple, list)):
-        return sum(_nbytes(x) for x in obj)
-    return sum(_nbytes(getattr(obj, f)) for f in getattr(obj, "__dataclass_fields__", {}))
 
 
 def copy_bandwidth(device: torch.device) -> float:

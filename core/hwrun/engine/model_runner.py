@@ -9,7 +9,6 @@ pool, and resolves every op for the model's real shapes (failing closed with eve
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -81,7 +80,6 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.vocab_size = model_config.vocab_size
         self.eos_token_ids = model_config.eos_token_ids
-        self.eos_token_id = model_config.eos_token_ids[0] if model_config.eos_token_ids else None
         self.device = pool.cache.device
 
     @property
@@ -328,16 +326,3 @@ def _decode_graphs(
     graphs = DecodeGraphs(model, config.max_num_seqs, max_model_len, block_size)
     graphs.capture()
     return graphs, f"on: decode batch buckets {graphs.buckets}"
-
-
-def pool_summary(runner: ModelRunner) -> str:
-    """One line on the pool: blocks, tokens, bytes per block."""
-    layout = runner.pool.layout
-    tokens = runner.num_blocks * layout.block_size
-    mib = runner.num_blocks * layout.row_bytes / 2**20
-    sequences = math.floor(tokens / runner.max_model_len)
-    return (
-        f"KV pool: {runner.num_blocks} blocks x {layout.block_size} tokens = {tokens} tokens, "
-        f"{layout.row_bytes} B per block ({mib:.1f} MiB): {sequences} sequences of "
-        f"{runner.max_model_len} tokens"
-    )

@@ -105,10 +105,6 @@ class OpTable:
     def graph_safe(self, op: str) -> bool:
         return self._selections[op].impl.graph_safe
 
-    @property
-    def num_fallbacks(self) -> int:
-        return sum(s.fallback for s in self._selections.values())
-
 
 def resolve_ops(
     registry: OpRegistry,

@@ -106,31 +106,19 @@ class ModelWeights:
     layers: tuple[LayerWeights, ...]
     final_norm: torch.Tensor  # [hidden]
     lm_head: Linear  # [V, hidden]
-    weight_format: str  # "bf16", "fp32" or "fp8_block128": how the linears were stored
 
-    @property
-    def nbytes(self) -> int:
-        seen: set[int] = set()
-        total = 0
 
-        def add(t: torch.Tensor) -> None:
-            nonlocal total
-            if t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total += t.numel() * t.element_size()
-
-        def walk(obj: object) -> None:
-            if isinstance(obj, torch.Tensor):
-                add(obj)
-            elif isinstance(obj, (tuple, list)):
-                for item in obj:
-                    walk(item)
-            elif hasattr(obj, "__dataclass_fields__"):
-                for name in obj.__dataclass_fields__:
-                    walk(getattr(obj, name))
-
-        walk(self)
-        return total
+def tensor_bytes(obj: object) -> int:
+    """Bytes held by the tensors of a weights object (dataclasses, tuples, QuantizedWeights)."""
+    if obj is None:
+        return 0
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, QuantizedWeight):
+        return obj.nbytes
+    if isinstance(obj, (tuple, list)):
+        return sum(tensor_bytes(item) for item in obj)
+    return sum(tensor_bytes(getattr(obj, f)) for f in getattr(obj, "__dataclass_fields__", {}))
 
 
 class _Loader:
@@ -293,19 +281,11 @@ def load_weights(
     layers = tuple(_load_layer(loader, i) for i in range(config.num_layers))
     embed = loader.dense("model.embed_tokens.weight")
     head = embed if config.tie_word_embeddings else loader.dense("lm_head.weight")
-    linear_names = [n for n in expected if n.endswith("proj.weight")]
-    if any(loader.is_fp8(n) for n in linear_names):
-        weight_format = "fp8_block128"
-    else:
-        weight_format = (
-            "fp32" if loader.checkpoint.entries[linear_names[0]].dtype == "F32" else "bf16"
-        )
     return ModelWeights(
         embed=embed,
         layers=layers,
         final_norm=loader.dense("model.norm.weight"),
         lm_head=Linear(head),
-        weight_format=weight_format,
     )
 
 
