@@ -46,7 +46,7 @@ def test_a_transformers_config_parses():
         ({"num_hidden_layers": 2.0}, "num_hidden_layers must be an integer, got 2.0"),
         ({"num_hidden_layers": True}, "num_hidden_layers must be an integer, got True"),
         ({"num_hidden_layers": 0}, "num_hidden_layers must be >= 1"),
-        ({"num_hidden_layers": 10**9}, "num_hidden_layers must be >= 1 and <= 4096"),
+        ({"num_hidden_layers": 10**9}, "num_hidden_layers must be >= 1 and <= 1024"),
         ({"kv_lora_rank": 256}, "kv_lora_rank must be 512"),
         ({"index_head_dim": 64}, "index_head_dim must be 128"),
         ({"hidden_act": "gelu"}, "hidden_act must be 'silu'"),

@@ -36,7 +36,6 @@ from hwrun.ops.moe_requant import requant_matrix_to_mxfp4
 from hwrun.ops.quantized_weight import QuantizedWeight
 
 EXPERT_TARGETS: tuple[str, ...] = ("mxfp4", "fp8_block128")
-_MAX_LISTED = 20  # problems spelled out in one error; the rest are counted
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,13 +118,7 @@ def _check_plan(
         elif entry.dtype not in spec.dtypes or entry.shape != spec.shape:
             problems.append(f"{spec.name}: expected {want}, got {entry.dtype} {list(entry.shape)}")
     if problems:
-        shown = problems[:_MAX_LISTED]
-        more = len(problems) - len(shown)
-        raise CheckpointError(
-            f"checkpoint does not match the MoE config ({len(problems)} problems):\n  "
-            + "\n  ".join(shown)
-            + (f"\n  ... and {more} more" if more else "")
-        )
+        raise CheckpointError.listing("checkpoint does not match the MoE config", problems)
 
 
 def _config_problems(

@@ -39,6 +39,18 @@ _MAX_HEADER_BYTES = 100 * 1024 * 1024  # the format's own limit
 class CheckpointError(HwrunError, ValueError):
     """A checkpoint that cannot be loaded as asked: names the tensor and what was expected."""
 
+    MAX_LISTED = 20  # problems spelled out in one error; the rest are counted
+
+    @classmethod
+    def listing(cls, what: str, problems: list[str]) -> CheckpointError:
+        """One error for every problem found: the first ``MAX_LISTED`` spelled out."""
+        shown = problems[: cls.MAX_LISTED]
+        more = len(problems) - len(shown)
+        lines = [f"{what} ({len(problems)} problems):", *(f"  - {p}" for p in shown)]
+        if more:
+            lines.append(f"  ... and {more} more")
+        return cls("\n".join(lines))
+
 
 @dataclass(frozen=True)
 class TensorEntry:

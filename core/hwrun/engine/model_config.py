@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hwrun.errors import ReasonsError, UsageError
+from hwrun.models.hf_config import MAX_LAYERS
 from hwrun.ops.indexer import INDEX_HEAD_DIM
 from hwrun.ops.sparse_mla import QK_DIM, V_DIM
 
@@ -140,9 +141,6 @@ class _Reader:
             self.reasons.append(f"{key} is missing")
             return None
         return default
-
-
-MAX_LAYERS = 4096  # a bound on what a config may claim, so a typo cannot exhaust memory
 
 
 def parse_model_config(raw: Any, path: str = "config.json") -> ModelConfig:

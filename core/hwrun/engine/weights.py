@@ -30,10 +30,7 @@ from hwrun.checkpoint.safetensors_reader import CheckpointError, SafetensorsChec
 from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
 from hwrun.formats.fp8 import dequantize_fp8_block128
 from hwrun.ops.indexer import INDEX_HEAD_DIM
-from hwrun.ops.quantized_weight import QuantizedWeight
-
-FP8_BLOCK = 128
-_MAX_LISTED = 20
+from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,10 +271,9 @@ def load_weights(
             f"up tiles stack into one w13), got {config.moe_intermediate_size}"
         )
     if loader.problems:
-        shown = loader.problems[:_MAX_LISTED]
-        more = len(loader.problems) - len(shown)
-        listed = "\n".join(f"  - {p}" for p in shown) + (f"\n  ... and {more} more" if more else "")
-        raise CheckpointError(f"checkpoint {path} does not fit its config.json:\n{listed}")
+        raise CheckpointError.listing(
+            f"checkpoint {path} does not fit its config.json", loader.problems
+        )
     layers = tuple(_load_layer(loader, i) for i in range(config.num_layers))
     embed = loader.dense("model.embed_tokens.weight")
     head = embed if config.tie_word_embeddings else loader.dense("lm_head.weight")
