@@ -28,6 +28,15 @@ class ScheduledChunk:
     def end(self) -> int:
         return self.start + len(self.token_ids)
 
+    @property
+    def is_decode(self) -> bool:
+        """One new token after a cached context: the decode path (paged indexer, cache slots)."""
+        return len(self.token_ids) == 1 and self.start > 0
+
+    def slot(self, position: int, block_size: int) -> int:
+        """The cache slot of ``position``: row ``position % block_size`` of its block."""
+        return self.block_table[position // block_size] * block_size + position % block_size
+
 
 @dataclass
 class ChunkLogits:

@@ -205,13 +205,17 @@ def parse_model_config(raw: Any, path: str = "config.json") -> ModelConfig:
     return ModelConfig(**fields)
 
 
-def load_model_config(model_dir: str | Path) -> ModelConfig:
+def read_config_json(model_dir: str | Path) -> Any:
+    """The checkpoint's config.json as parsed JSON (ConfigError when it cannot be read)."""
     path = Path(model_dir) / "config.json"
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(str(path), [f"cannot read it as JSON: {err}"]) from None
-    return parse_model_config(raw, str(path))
+
+
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    return parse_model_config(read_config_json(model_dir), str(Path(model_dir) / "config.json"))
 
 
 def _eos_ids(value: Any, r: _Reader) -> tuple[int, ...]:

@@ -8,7 +8,6 @@ pool, and resolves every op for the model's real shapes (failing closed with eve
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from hwrun.engine.batch import ChunkLogits, ScheduledChunk
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.cuda_graphs import DecodeGraphs, graph_blockers
 from hwrun.engine.model import DecodeRows, DeepseekV32, PrefillRows, StepMetadata
-from hwrun.engine.model_config import ModelConfig, load_model_config
+from hwrun.engine.model_config import ModelConfig, parse_model_config, read_config_json
 from hwrun.engine.op_table import (
     EngineStartupError,
     ModelFormats,
@@ -112,7 +111,7 @@ class ModelRunner:
 
     def _replayable(self, chunks: list[ScheduledChunk]) -> bool:
         return self.graphs.fits(len(chunks)) and all(
-            len(c.token_ids) == 1 and c.start > 0 and not c.all_logits for c in chunks
+            c.is_decode and not c.all_logits for c in chunks
         )
 
     def _replay(self, chunks: list[ScheduledChunk]) -> list[ChunkLogits]:
@@ -122,7 +121,7 @@ class ModelRunner:
         logits = self.graphs.run(
             [c.token_ids[0] for c in chunks],
             [c.start for c in chunks],
-            [c.block_table[c.start // bs] * bs + c.start % bs for c in chunks],
+            [c.slot(c.start, bs) for c in chunks],
             [c.block_table[: -(-c.end // bs)] for c in chunks],
         )
         return [ChunkLogits(c.seq_id, logits[i : i + 1]) for i, c in enumerate(chunks)]
@@ -136,20 +135,19 @@ class ModelRunner:
         prefill_rows, context_slots, key_starts, key_ends = [], [], [], []
         for chunk in chunks:
             self._check(chunk)
-            table = chunk.block_table
             first_row = len(ids)
             chunk_positions = range(chunk.start, chunk.end)
             ids.extend(chunk.token_ids)
             positions.extend(chunk_positions)
-            slots.extend(table[p // bs] * bs + p % bs for p in chunk_positions)
+            slots.extend(chunk.slot(p, bs) for p in chunk_positions)
             rows = range(first_row, len(ids))
-            if len(chunk.token_ids) == 1 and chunk.start > 0:
+            if chunk.is_decode:
                 decode_rows.append(first_row)
-                decode_tables.append(table[: -(-chunk.end // bs)])
+                decode_tables.append(chunk.block_table[: -(-chunk.end // bs)])
                 decode_lens.append(chunk.end)
             else:
                 run_start = len(context_slots)
-                context_slots.extend(table[p // bs] * bs + p % bs for p in range(chunk.end))
+                context_slots.extend(chunk.slot(p, bs) for p in range(chunk.end))
                 prefill_rows.extend(rows)
                 key_starts.extend([run_start] * len(rows))
                 key_ends.extend(run_start + p + 1 for p in chunk_positions)
@@ -241,7 +239,8 @@ def build_model_runner(
     if problems:
         raise EngineStartupError("the engine options cannot run", problems)
     model_dir = config.model_dir
-    model_config = load_model_config(model_dir)
+    raw_config = read_config_json(model_dir)  # read once: the model's and the planner's view
+    model_config = parse_model_config(raw_config, str(model_dir / "config.json"))
     plugins = plugins or load_plugins()
     platform = plugins.choose_platform(config.platform)
     target = plugins.target(platform)
@@ -250,7 +249,6 @@ def build_model_runner(
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     max_model_len = config.max_model_len or model_config.max_position_embeddings
 
-    raw_config = json.loads((model_dir / "config.json").read_text())
     spec = spec_from_hf_config(
         raw_config, str(model_dir), config.kv_cache_dtype, config.index_dtype
     )
