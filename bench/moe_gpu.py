@@ -30,7 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from gpu_bench_common import Row, bench, markdown, measure_ceilings
 
-from hwrun.kernels.triton import moe
+from hwrun.kernels.triton import moe, moe_align
 from hwrun.ops.quantized_weight import QuantizedWeight
 from hwrun.report.bench import bench_file
 
@@ -118,9 +118,9 @@ def breakdown(tokens, ids, w13, w2, shared) -> str:
     tiles = moe.default_tiles(tokens * TOP_K, EXPERTS, True)
     x = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
     route = torch.rand(tokens * TOP_K, device="cuda")
-    layout = moe.align_by_expert(ids, EXPERTS, tiles.block_m, with_shared=True)
+    layout = moe_align.align_by_expert(ids, EXPERTS, tiles.block_m, with_shared=True)
     slots = tokens * (TOP_K + 1)
-    align_us = bench(lambda: moe.align_by_expert(ids, EXPERTS, tiles.block_m, with_shared=True))
+    align_us = bench(lambda: moe_align.align_by_expert(ids, EXPERTS, tiles.block_m, with_shared=True))
     gemm_us = bench(
         lambda: moe._swiglu_grouped(x, w13, w2, shared, layout, route, slots, TOP_K, tiles)
     )

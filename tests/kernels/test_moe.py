@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hwrun.kernels.triton.moe import TileConfig, align_by_expert, experts
+from hwrun.kernels.triton.moe import TileConfig, experts
+from hwrun.kernels.triton.moe_align import align_by_expert
 from hwrun.ops.moe_experts import experts as reference
 from hwrun.ops.quantized_weight import quantize_weight
 
