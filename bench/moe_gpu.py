@@ -120,7 +120,9 @@ def breakdown(tokens, ids, w13, w2, shared) -> str:
     route = torch.rand(tokens * TOP_K, device="cuda")
     layout = moe_align.align_by_expert(ids, EXPERTS, tiles.block_m, with_shared=True)
     slots = tokens * (TOP_K + 1)
-    align_us = bench(lambda: moe_align.align_by_expert(ids, EXPERTS, tiles.block_m, with_shared=True))
+    align_us = bench(
+        lambda: moe_align.align_by_expert(ids, EXPERTS, tiles.block_m, with_shared=True)
+    )
     gemm_us = bench(
         lambda: moe._swiglu_grouped(x, w13, w2, shared, layout, route, slots, TOP_K, tiles)
     )
