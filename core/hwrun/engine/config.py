@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 LATENT_DTYPES = ("bf16", "fp8_ds_mla", "nvfp4_ds_mla")
@@ -42,7 +42,6 @@ class EngineConfig:
     tensor_parallel: int = 1  # ranks (local processes) the model is split across
     allow_fallback: bool = True  # an op the platform cannot serve may run on the reference
     seed: int = 0
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def model_dir(self) -> Path:

@@ -54,7 +54,7 @@ class LLM:
         if unknown:
             raise TypeError(
                 f"LLM() got unknown engine options {unknown}; "
-                f"the options are {sorted(_CONFIG_FIELDS - {'extra'})}"
+                f"the options are {sorted(_CONFIG_FIELDS)}"
             )
         config = EngineConfig(
             model=model,
