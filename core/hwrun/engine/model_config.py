@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hwrun.errors import ReasonsError, UsageError
+from hwrun.models import hf_config
 from hwrun.models.hf_config import MAX_LAYERS
 from hwrun.ops.indexer import INDEX_HEAD_DIM
 from hwrun.ops.sparse_mla import QK_DIM, V_DIM
@@ -25,9 +26,10 @@ LATENT_RANK = V_DIM  # kv_lora_rank: the latent the caches store
 ROPE_DIM = QK_DIM - V_DIM  # qk_rope_head_dim
 
 
-class ConfigError(ReasonsError, UsageError, ValueError):
+class ConfigError(ReasonsError, UsageError, hf_config.ConfigError):
     """A config.json the engine cannot run; ``reasons`` names every problem (exit 2 in the CLI:
-    the user pointed hwrun at it)."""
+    the user pointed hwrun at it). A kind of the planner's ConfigError: one family of errors
+    for a config.json hwrun cannot read."""
 
     def __init__(self, path: str, reasons: list[str]):
         super().__init__(f"{path} cannot be served by hwrun's engine", reasons)
