@@ -125,8 +125,7 @@ def profile_shares(runner: ModelRunner, batch: int, context: int, steps: int) ->
     """Share of an eager decode step's GPU time per op: CUDA events around every op call, over
     the events around whole steps. The rest is plain torch (linears, norms, RoPE) and any time
     the GPU waited for the host."""
-    table = runner.model.ops._fns
-    original = dict(table)
+    table = runner.model.ops
     pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
     def timed(op, fn):
@@ -143,18 +142,16 @@ def profile_shares(runner: ModelRunner, batch: int, context: int, steps: int) ->
     graphs, runner.graphs = runner.graphs, None
     try:
         time_decode(runner, batch, context, 2)  # warm the eager path
-        for op, fn in original.items():
-            table[op] = timed(op, fn)
         first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        first.record()
-        time_decode(runner, batch, context, steps)
-        last.record()
+        with table.replaced({op: timed(op, table[op]) for op in table.ops}):
+            first.record()
+            time_decode(runner, batch, context, steps)
+            last.record()
         torch.cuda.synchronize()
     finally:
-        table.update(original)
         runner.graphs = graphs
     total = first.elapsed_time(last)
-    shares = dict.fromkeys(original, 0.0)
+    shares = dict.fromkeys(table.ops, 0.0)
     for op, start, end in pending:
         shares[op] += start.elapsed_time(end) / total
     shares["plain torch and host gaps"] = max(0.0, 1 - sum(shares.values()))

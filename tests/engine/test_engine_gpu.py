@@ -95,18 +95,13 @@ def _prompt(vocab: int) -> list[int]:
 def _ablation(runner, prompt: list[int], want: torch.Tensor) -> dict[str, float]:
     """The median error left when each platform op in turn is put back on the reference."""
     reference = {name: contract.reference for name, contract in catalogue().items()}
-    table = runner.model.ops._fns
     medians = {}
     for choice in runner.op_table:
         if choice.platform == "reference":
             continue
-        own = table[choice.op]
-        table[choice.op] = reference[choice.op]
-        try:
-            medians[choice.op] = _relative_row_errors(_logits(runner, prompt, [5, 6, 7]), want)
-            medians[choice.op] = medians[choice.op].median().item()
-        finally:
-            table[choice.op] = own
+        with runner.model.ops.replaced({choice.op: reference[choice.op]}):
+            errors = _relative_row_errors(_logits(runner, prompt, [5, 6, 7]), want)
+        medians[choice.op] = errors.median().item()
     return medians
 
 

@@ -150,18 +150,15 @@ def test_a_wrong_selection_is_caught(tiny):
     name, model, runner, prompt = tiny
     if model.config.index_topk >= len(prompt):
         pytest.skip("dense top-k: every key is attended, there is no selection to get wrong")
-    original = runner.model.ops._fns["indexer.topk"]
+    original = runner.model.ops["indexer.topk"]
 
     def off_by_one(logits, starts, ends, k):
         out = original(logits, starts, ends, k)
         first = torch.where(out[:, :1] > 0, out[:, :1] - 1, out[:, :1])
         return torch.cat([first, out[:, 1:]], dim=1)
 
-    runner.model.ops._fns["indexer.topk"] = off_by_one
-    try:
+    with runner.model.ops.replaced({"indexer.topk": off_by_one}):
         got = runner.execute([ScheduledChunk(0, prompt, 0, BLOCKS, True, all_logits=True)])[0]
-    finally:
-        runner.model.ops._fns["indexer.topk"] = original
     with pytest.raises(AssertionError):
         assert_close_to_oracle(got.logits, oracle_logits(model, prompt, True), name)
 

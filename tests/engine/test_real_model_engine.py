@@ -59,17 +59,17 @@ def test_batch_invariance_check_catches_a_batch_dependent_op(checkpoint):
     """Negative control: an op whose output depends on the batch size by one ulp-scale amount
     breaks bit equality, and the comparison above sees it."""
     llm = _llm(checkpoint, batch_invariant=True, max_num_batched_tokens=96)
-    table = llm.engine.runner.model.ops._fns
+    table = llm.engine.runner.model.ops
     experts = table["moe.experts"]
 
     def batch_dependent(x, *args, **kwargs):
         out = experts(x, *args, **kwargs)
         return out + 1e-6 * x.shape[0]
 
-    table["moe.experts"] = batch_dependent
     prompts = _prompts(32)
-    alone = llm.generate(prompt_token_ids=[prompts[0]], sampling_params=PARAMS)[0]
-    batched = llm.generate(prompt_token_ids=prompts, sampling_params=PARAMS)[0]
+    with table.replaced({"moe.experts": batch_dependent}):
+        alone = llm.generate(prompt_token_ids=[prompts[0]], sampling_params=PARAMS)[0]
+        batched = llm.generate(prompt_token_ids=prompts, sampling_params=PARAMS)[0]
     assert _logprob_record(alone) != _logprob_record(batched)
 
 

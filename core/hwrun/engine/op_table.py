@@ -8,7 +8,8 @@ cannot be served (or only by the reference while fallback is disallowed).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -94,6 +95,21 @@ class OpTable:
 
     def __getitem__(self, op: str) -> Callable[..., Any]:
         return self._fns[op]
+
+    @property
+    def ops(self) -> list[str]:
+        return list(self._fns)
+
+    @contextmanager
+    def replaced(self, replacements: dict[str, Callable[..., Any]]) -> Iterator[None]:
+        """Serve some ops with other callables inside the block (tests, profiling), then put
+        the selected impls back."""
+        saved = {op: self._fns[op] for op in replacements}
+        self._fns.update(replacements)
+        try:
+            yield
+        finally:
+            self._fns.update(saved)
 
     @property
     def choices(self) -> list[OpChoice]:
