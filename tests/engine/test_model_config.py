@@ -120,3 +120,23 @@ def test_a_checkpoint_that_does_not_fit_its_config_lists_every_tensor(tmp_path):
     message = str(err.value)
     assert "model.embed_tokens.weight: shape [128, 64], expected [128, 96]" in message
     assert "and" in message and "more" in message  # past the first 20, counted
+
+
+def test_the_runner_refuses_a_chunk_it_cannot_place(tmp_path):
+    from hwrun.engine.batch import ScheduledChunk
+    from hwrun.engine.config import EngineConfig
+    from hwrun.engine.model_runner import build_model_runner
+
+    build_tiny_model(tmp_path, seed=2)
+    runner = build_model_runner(
+        EngineConfig(model=str(tmp_path), platform="reference", num_kv_tokens=8 * 64)
+    )
+    bad = [
+        (ScheduledChunk(0, [5] * 70, 0, [1], True), "need 2 valid blocks"),  # table too short
+        (ScheduledChunk(0, [5], 64, [1, 9], True), "need 2 valid blocks"),  # block 9 of 8
+        (ScheduledChunk(0, [5, 500], 0, [1], True), "outside the vocabulary"),
+        (ScheduledChunk(0, [5], 511, [0] * 8, True), "past max_model_len"),
+    ]
+    for chunk, reason in bad:
+        with pytest.raises(ValueError, match=reason):
+            runner.execute([chunk])
