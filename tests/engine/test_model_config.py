@@ -135,7 +135,7 @@ def test_the_runner_refuses_a_chunk_it_cannot_place(tmp_path):
         (ScheduledChunk(0, [5] * 70, 0, [1], True), "need 2 valid blocks"),  # table too short
         (ScheduledChunk(0, [5], 64, [1, 9], True), "need 2 valid blocks"),  # block 9 of 8
         (ScheduledChunk(0, [5, 500], 0, [1], True), "outside the vocabulary"),
-        (ScheduledChunk(0, [5], 511, [0] * 8, True), "past max_model_len"),
+        (ScheduledChunk(0, [5], 512, [0] * 8, True), "past max_model_len"),
     ]
     for chunk, reason in bad:
         with pytest.raises(ValueError, match=reason):
