@@ -132,7 +132,8 @@ class ModelRunner:
         bs = self.block_size
         ids, positions, slots, logit_rows, spans = [], [], [], [], []
         decode_rows, decode_tables, decode_lens = [], [], []
-        prefill_rows, context_slots, key_starts, key_ends = [], [], [], []
+        prefill_rows, context_runs, key_starts, key_ends = [], [], [], []
+        run_start = 0
         for chunk in chunks:
             self._check(chunk)
             first_row = len(ids)
@@ -146,11 +147,11 @@ class ModelRunner:
                 decode_tables.append(chunk.block_table[: -(-chunk.end // bs)])
                 decode_lens.append(chunk.end)
             else:
-                run_start = len(context_slots)
-                context_slots.extend(chunk.slot(p, bs) for p in range(chunk.end))
+                context_runs.append(_context_slots(chunk, bs))
                 prefill_rows.extend(rows)
                 key_starts.extend([run_start] * len(rows))
                 key_ends.extend(run_start + p + 1 for p in chunk_positions)
+                run_start += chunk.end
             if chunk.all_logits:
                 spans.append((len(logit_rows), len(logit_rows) + len(rows)))
                 logit_rows.extend(rows)
@@ -179,7 +180,7 @@ class ModelRunner:
         if prefill_rows:
             prefill = PrefillRows(
                 rows=tensor(prefill_rows),
-                context_slots=tensor(context_slots),
+                context_slots=torch.cat(context_runs).to(device),
                 key_starts=tensor(key_starts, torch.int32),
                 key_ends=tensor(key_ends, torch.int32),
             )
@@ -216,6 +217,14 @@ class ModelRunner:
                 f"sequence {chunk.seq_id}: token ids {bad[:5]} outside the vocabulary "
                 f"[0, {self.vocab_size})"
             )
+
+
+def _context_slots(chunk: ScheduledChunk, block_size: int) -> torch.Tensor:  # [end] int64
+    """The cache slots of positions ``0 .. chunk.end - 1`` (vectorized: a prefill chunk late
+    in a long prompt gathers its whole context)."""
+    positions = torch.arange(chunk.end)
+    blocks = torch.tensor(chunk.block_table[: -(-chunk.end // block_size)], dtype=torch.int64)
+    return blocks[positions // block_size] * block_size + positions % block_size
 
 
 def _pool_blocks(config: EngineConfig, layout: PackedLayout, max_model_len: int) -> int:
