@@ -158,6 +158,41 @@ def profile_shares(runner: ModelRunner, batch: int, context: int, steps: int) ->
     return shares
 
 
+def kernel_profile(
+    runner: ModelRunner, batch: int, context: int, steps: int, top: int = 30
+) -> list[dict]:
+    """GPU kernels of ``steps`` decode steps as the engine runs them (graph replays included),
+    by name: microseconds and launches per step, heaviest first (torch profiler, CUPTI)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    time_decode(runner, batch, context, 2)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        time_decode(runner, batch, context, steps - 3)  # time_decode adds 3 warm-up steps
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = kernels.setdefault(event.name, [0.0, 0])
+            entry[0] += event.device_time
+            entry[1] += 1
+    rows = [
+        {"kernel": name[:120], "us_per_step": us / steps, "launches_per_step": n / steps}
+        for name, (us, n) in kernels.items()
+    ]
+    rows.sort(key=lambda r: -r["us_per_step"])
+    total = sum(r["us_per_step"] for r in rows)
+    launches = sum(r["launches_per_step"] for r in rows)
+    print(
+        f"  kernels, batch {batch} context {context}: {total:.0f} us GPU time per step, "
+        f"{launches:.0f} launches per step"
+    )
+    for r in rows[:top]:
+        print(
+            f"    {r['us_per_step']:8.1f} us {100 * r['us_per_step'] / total:5.1f}% "
+            f"x{r['launches_per_step']:5.0f}  {r['kernel']}"
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
@@ -170,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--profile", action="store_true", help="GPU time share per op")
+    parser.add_argument(
+        "--kernel-profile", action="store_true", help="GPU time per kernel (graphs included)"
+    )
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
 
@@ -222,6 +260,15 @@ def main(argv: list[str] | None = None) -> None:
                 profile_shares(runner, batch, context, 3).items(), key=lambda kv: -kv[1]
             ):
                 print(f"    {op:40s} {100 * share:5.1f}%")
+        if args.kernel_profile:
+            for batch in sorted({min(args.batch), max(args.batch)}):
+                rows.append(
+                    {
+                        "batch": batch,
+                        "context": context,
+                        "kernels": kernel_profile(runner, batch, context, args.steps),
+                    }
+                )
         del runner
         torch.cuda.empty_cache()
     if args.json:

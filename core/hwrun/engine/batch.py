@@ -23,6 +23,9 @@ class ScheduledChunk:
     block_table: list[int]  # the sequence's KV blocks, covering at least start + len(token_ids)
     needs_logits: bool  # the chunk ends at the sequence's last known token: sample after it
     all_logits: bool = False  # logits at every position of the chunk (prompt logprobs)
+    # Bumped each time the sequence's blocks are freed: within one epoch its block table only
+    # grows, so the runner may keep it between steps and append the new blocks only.
+    table_epoch: int = 0
 
     @property
     def end(self) -> int:

@@ -145,6 +145,7 @@ class BlockManager:
                 if block.key is None:  # nothing to keep: reuse it before any cached block
                     self.free.move_to_end(block_id, last=False)
         seq.block_table = []
+        seq.table_epoch += 1
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 

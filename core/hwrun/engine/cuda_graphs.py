@@ -59,6 +59,7 @@ class DecodeGraphs:
         self.block_table = buffer(biggest, width, dtype=torch.int32)
         self.context_lens = buffer(biggest, dtype=torch.int32)
         self.rows = torch.arange(biggest, device=device)
+        self._host_tables = np.full((biggest, width), -1, dtype=np.int32)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _metadata(self, batch: int) -> StepMetadata:
@@ -98,26 +99,27 @@ class DecodeGraphs:
     def fits(self, batch: int) -> bool:
         return batch <= self.buckets[-1]
 
-    def run(
-        self,
-        input_ids: list[int],
-        positions: list[int],
-        slots: list[int],
-        block_tables: list[list[int]],
-    ) -> torch.Tensor:  # [B, V] float32
-        """Replay the bucket for these B decode rows (context of row i: positions[i] + 1)."""
+    def host_tables(self, batch: int) -> np.ndarray:
+        """The host buffer :meth:`run` copies block tables from: int32 ``[batch, width]``."""
+        return self._host_tables[:batch]
+
+    def run(self, input_ids: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
+        """Replay the bucket for these B decode rows (context of row i: positions[i] + 1), their
+        block tables already in ``host_tables(B)``; logits ``[B, V]`` float32."""
         batch = len(input_ids)
         bucket = next(b for b in self.buckets if b >= batch)
-        device = self.input_ids.device
         self._pad(batch)
-        self.input_ids[:batch] = torch.tensor(input_ids, device=device)
-        self.positions[:batch] = torch.tensor(positions, device=device)
-        self.slots[:batch] = torch.tensor(slots, dtype=torch.int32, device=device)
-        self.context_lens[:batch] = self.positions[:batch].to(torch.int32) + 1
-        table = np.full((batch, self.block_table.shape[1]), -1, dtype=np.int32)
-        for row, blocks in enumerate(block_tables):
-            table[row, : len(blocks)] = blocks
-        self.block_table[:batch] = torch.from_numpy(table).to(device, non_blocking=True)
+        # One copy for the three per-row values: each host-to-device copy costs microseconds.
+        rows = torch.tensor([input_ids, positions, slots], dtype=torch.int64).to(
+            self.input_ids.device
+        )
+        self.input_ids[:batch] = rows[0]
+        self.positions[:batch] = rows[1]
+        self.slots[:batch] = rows[2].to(torch.int32)
+        self.context_lens[:batch] = rows[1].to(torch.int32) + 1
+        self.block_table[:batch] = torch.from_numpy(self._host_tables[:batch]).to(
+            self.block_table.device
+        )
         graph, logits = self._graphs[bucket]
         graph.replay()
         return logits[:batch].clone()

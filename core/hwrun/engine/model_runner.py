@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hwrun import knobs
 from hwrun.engine.batch import ChunkLogits, ScheduledChunk
+from hwrun.engine.block_tables import BlockTables
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.cuda_graphs import DecodeGraphs, graph_blockers
 from hwrun.engine.model import DecodeRows, DeepseekV32, PrefillRows, StepMetadata
@@ -80,6 +82,7 @@ class ModelRunner:
         self.vocab_size = model_config.vocab_size
         self.eos_token_ids = model_config.eos_token_ids
         self.device = pool.cache.device
+        self.block_tables = BlockTables()
 
     @property
     def op_table(self) -> list[OpChoice]:
@@ -118,11 +121,11 @@ class ModelRunner:
         for chunk in chunks:
             self._check(chunk)
         bs = self.block_size
+        self.block_tables.fill(chunks, bs, self.graphs.host_tables(len(chunks)))
         logits = self.graphs.run(
             [c.token_ids[0] for c in chunks],
             [c.start for c in chunks],
             [c.slot(c.start, bs) for c in chunks],
-            [c.block_table[: -(-c.end // bs)] for c in chunks],
         )
         return [ChunkLogits(c.seq_id, logits[i : i + 1]) for i, c in enumerate(chunks)]
 
@@ -131,7 +134,7 @@ class ModelRunner:
     ) -> tuple[StepMetadata, list[tuple[int, int] | None]]:
         bs = self.block_size
         ids, positions, slots, logit_rows, spans = [], [], [], [], []
-        decode_rows, decode_tables, decode_lens = [], [], []
+        decode_rows, decode_chunks, decode_lens = [], [], []
         prefill_rows, context_runs, key_starts, key_ends = [], [], [], []
         run_start = 0
         for chunk in chunks:
@@ -144,7 +147,7 @@ class ModelRunner:
             rows = range(first_row, len(ids))
             if chunk.is_decode:
                 decode_rows.append(first_row)
-                decode_tables.append(chunk.block_table[: -(-chunk.end // bs)])
+                decode_chunks.append(chunk)
                 decode_lens.append(chunk.end)
             else:
                 context_runs.append(_context_slots(chunk, bs))
@@ -168,11 +171,11 @@ class ModelRunner:
 
         decode = None
         if decode_rows:
-            width = max(len(t) for t in decode_tables)
-            padded = [t + [-1] * (width - len(t)) for t in decode_tables]
+            tables = np.empty((len(decode_chunks), -(-max(decode_lens) // bs)), dtype=np.int32)
+            self.block_tables.fill(decode_chunks, bs, tables)
             decode = DecodeRows(
                 rows=tensor(decode_rows),
-                block_table=tensor(padded, torch.int32),
+                block_table=torch.from_numpy(tables).to(device),
                 context_lens=tensor(decode_lens, torch.int32),
                 max_context=max(decode_lens),
             )

@@ -122,6 +122,7 @@ class Scheduler:
             block_table=list(seq.block_table),
             needs_logits=end == seq.num_tokens,
             all_logits=seq.needs_prompt_logprobs,
+            table_epoch=seq.table_epoch,
         )
 
     def _preempt(self, seq: Sequence) -> None:

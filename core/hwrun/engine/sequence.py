@@ -47,6 +47,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # leading positions whose KV is in the cache
         self.block_table: list[int] = []
+        self.table_epoch = 0  # bumped when the blocks are freed (ScheduledChunk.table_epoch)
         self.block_hashes: list[bytes] = []  # prefix-cache keys of the leading full blocks
         self.seed = seed  # params.seed, or one the engine drew for an unseeded request
         self._generator: torch.Generator | None = None
