@@ -49,7 +49,7 @@ from hwrun.kernels.triton.moe_align import ExpertLayout, align_by_expert
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 
 WEIGHT_FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0", "int4_g128")
-_FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "fp8_block128_ue8m0": 2, "int4_g128": 3}
+FORMAT_CODES = {"bf16": 0, "fp8_block128": 1, "fp8_block128_ue8m0": 2, "int4_g128": 3}
 _INT4_OFFSET = tl.constexpr(INT4_OFFSET)  # an int4_g128 nibble stores q + 8
 
 
@@ -84,7 +84,7 @@ def default_tiles(num_slots: int, num_experts: int, on_gpu: bool) -> TileConfig:
 
 
 @triton.jit
-def _weight_tile(
+def weight_tile(
     w_base,  # this expert's weight
     s_base,  # this expert's scales (fp8, int4)
     n,  # [BLOCK_N] output rows of the weight
@@ -127,6 +127,47 @@ def _weight_tile(
             power = (field << 23).to(tl.float32, bitcast=True)
             scale = tl.where(field == 0, 5.877471754111438e-39, power)
     return tile, scale
+
+
+@triton.jit
+def _int4_product(
+    a_rows,  # [BLOCK_M] pointers to the activation rows
+    a_valid,  # [BLOCK_M]
+    w_base,
+    s_base,
+    n,
+    n_mask,
+    k0,
+    K,
+    stride_wn,
+    stride_sn,
+    WIDE: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One K step of W4A16, scaled: the activations' even columns against the packed bytes'
+    low nibbles plus the odd columns against the high nibbles. Two K/2 products instead of
+    one K product over bytes read twice and shifted per column: the weight bytes are read
+    once, whole, and each nibble costs two integer operations."""
+    j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # packed byte j holds columns 2j and 2j + 1
+    even = 2 * j
+    a_even = tl.load(
+        a_rows[:, None] + even[None, :], mask=a_valid[:, None] & (even < K)[None, :], other=0
+    ).to(WIDE)
+    a_odd = tl.load(
+        a_rows[:, None] + even[None, :] + 1,
+        mask=a_valid[:, None] & (even + 1 < K)[None, :],
+        other=0,
+    ).to(WIDE)
+    packed = tl.load(
+        w_base + n[:, None] * stride_wn + j[None, :],
+        mask=n_mask[:, None] & (even < K)[None, :],
+        other=0,
+    ).to(tl.int32)
+    low = ((packed & 0xF) - _INT4_OFFSET).to(tl.float32).to(WIDE)  # -8..7: exact in bf16
+    high = ((packed >> 4) - _INT4_OFFSET).to(tl.float32).to(WIDE)
+    scale = tl.load(s_base + n * stride_sn + k0 // 128, mask=n_mask, other=0.0)
+    product = tl.dot(a_even, tl.trans(low)) + tl.dot(a_odd, tl.trans(high))
+    return product * scale[None, :]
 
 
 @triton.jit
@@ -186,23 +227,45 @@ def _gate_up_kernel(
     gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, D, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_mask = kk < D
-        a = tl.load(
-            x_ptr + token[:, None] * D + kk[None, :], mask=valid[:, None] & k_mask[None, :], other=0
-        ).to(WIDE)
-        wg, sg = _weight_tile(
-            w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
-        )
-        wu, su = _weight_tile(
-            w_base, s_base, n + I, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
-        )
-        if FORMAT == 0:
-            gate = tl.dot(a, tl.trans(wg), gate)
-            up = tl.dot(a, tl.trans(wu), up)
+        if FORMAT == 3:
+            a_rows = x_ptr + token * D
+            gate += _int4_product(
+                a_rows, valid, w_base, s_base, n, n_mask, k0, D, stride_wn, stride_sn, WIDE, BLOCK_K
+            )
+            up += _int4_product(
+                a_rows,
+                valid,
+                w_base,
+                s_base,
+                n + I,
+                n_mask,
+                k0,
+                D,
+                stride_wn,
+                stride_sn,
+                WIDE,
+                BLOCK_K,
+            )
         else:
-            gate += tl.dot(a, tl.trans(wg)) * sg[None, :]
-            up += tl.dot(a, tl.trans(wu)) * su[None, :]
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_mask = kk < D
+            a = tl.load(
+                x_ptr + token[:, None] * D + kk[None, :],
+                mask=valid[:, None] & k_mask[None, :],
+                other=0,
+            ).to(WIDE)
+            wg, sg = weight_tile(
+                w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+            )
+            wu, su = weight_tile(
+                w_base, s_base, n + I, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+            )
+            if FORMAT == 0:
+                gate = tl.dot(a, tl.trans(wg), gate)
+                up = tl.dot(a, tl.trans(wu), up)
+            else:
+                gate += tl.dot(a, tl.trans(wg)) * sg[None, :]
+                up += tl.dot(a, tl.trans(wu)) * su[None, :]
     h = gate / (1.0 + tl.exp(-gate)) * up
     out = h_ptr + rows.to(tl.int64)[:, None] * I + n[None, :]
     tl.store(out, h.to(tl.bfloat16), mask=valid[:, None] & n_mask[None, :])
@@ -248,20 +311,36 @@ def _down_kernel(
     n_mask = n < D
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, I, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_mask = kk < I
-        a = tl.load(
-            h_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
-            mask=valid[:, None] & k_mask[None, :],
-            other=0,
-        ).to(WIDE)
-        w, s = _weight_tile(
-            w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
-        )
-        if FORMAT == 0:
-            acc = tl.dot(a, tl.trans(w), acc)
+        if FORMAT == 3:
+            acc += _int4_product(
+                h_ptr + rows.to(tl.int64) * I,
+                valid,
+                w_base,
+                s_base,
+                n,
+                n_mask,
+                k0,
+                I,
+                stride_wn,
+                stride_sn,
+                WIDE,
+                BLOCK_K,
+            )
         else:
-            acc += tl.dot(a, tl.trans(w)) * s[None, :]
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_mask = kk < I
+            a = tl.load(
+                h_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
+                mask=valid[:, None] & k_mask[None, :],
+                other=0,
+            ).to(WIDE)
+            w, s = weight_tile(
+                w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+            )
+            if FORMAT == 0:
+                acc = tl.dot(a, tl.trans(w), acc)
+            else:
+                acc += tl.dot(a, tl.trans(w)) * s[None, :]
     safe_slot = tl.where(valid, slot, 0).to(tl.int64)
     routed = valid & (safe_slot < N)
     route = tl.where(routed, tl.load(route_ptr + safe_slot, mask=routed, other=0.0), 1.0)
@@ -359,14 +438,14 @@ def _swiglu_grouped(
     _gate_up_kernel[(layout.num_blocks, triton.cdiv(inter, tiles.block_n))](
         x, data, scales, shared_data, shared_scales, layout.sorted_slots, layout.block_expert, h,
         hidden, inter, layout.routed_slots, top_k, group_e, we, wn, se, sn,
-        FORMAT=_FORMAT_CODES[w13.format], **common,
+        FORMAT=FORMAT_CODES[w13.format], **common,
     )  # fmt: skip
     data, scales, we, wn, se, sn = _weight_args(w2)
     shared_data, shared_scales = _weight_args(shared[1])[:2] if shared else (data, scales)
     _down_kernel[(layout.num_blocks, triton.cdiv(hidden, tiles.block_n))](
         h, data, scales, shared_data, shared_scales, layout.sorted_slots, layout.block_expert,
         route, out, hidden, inter, layout.routed_slots, group_e, we, wn, se, sn,
-        FORMAT=_FORMAT_CODES[w2.format], **common,
+        FORMAT=FORMAT_CODES[w2.format], **common,
     )  # fmt: skip
     return out
 
