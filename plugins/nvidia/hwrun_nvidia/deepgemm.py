@@ -110,6 +110,9 @@ def register(registry: OpRegistry) -> None:
                 name="deepgemm",
                 platform=registry.platform,
                 fn=fn,
+                # Paged: metadata from a device kernel, no host read, so decode graphs
+                # capture it (test_adapters_gpu.py checks replay against eager).
+                graph_safe=paged,
                 validate=lambda spec, paged=paged: _validate(spec, paged),
                 priority=20,
                 description="DeepGEMM fp8 MQA logits (fp8 q and keys, 32 or 64 heads)",

@@ -114,6 +114,9 @@ def register(registry: OpRegistry) -> None:
             name="flashmla",
             platform=registry.platform,
             fn=decode,
+            # The tile schedule comes from a device kernel, recomputed every call: captured
+            # and replayed in decode graphs (test_adapters_gpu.py checks replay against eager).
+            graph_safe=True,
             validate=lambda spec: _validate(spec, decode=True),
             priority=20,
             description="FlashMLA sparse decode (fp8_ds_mla cache, bf16 q)",

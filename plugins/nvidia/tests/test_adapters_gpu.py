@@ -78,3 +78,52 @@ def test_deepgemm_ragged_adapter():
     assert (
         relative_error(got, ref_indexer.logits_ragged(q, w, elements, scales, "fp8", ks, ke)) < 2e-3
     )
+
+
+def _replay_matches_eager(fn, make_inputs):
+    """Capture ``fn`` on one set of inputs, refill them in place with fresh values and replay:
+    the replay must give exactly what an eager call on the fresh values gives (no host value,
+    no allocation or schedule fixed at capture that the new inputs invalidate)."""
+    torch.manual_seed(0)
+    static = make_inputs()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(*static)  # warm-up: compile, lazy initialisation
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fn(*static)
+    torch.manual_seed(1)
+    fresh = make_inputs()
+    for old, new in zip(static, fresh, strict=True):
+        if isinstance(old, torch.Tensor):
+            old.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = fn(*fresh)
+    for got, expected in zip(captured, want, strict=True):
+        assert torch.equal(got, expected)
+
+
+@needs_flashmla
+def test_flashmla_decode_replays_from_a_cuda_graph():
+    from hwrun_nvidia.flashmla import decode
+
+    def inputs():
+        q, cache, slots, lengths, _ = mla_inputs("fp8_ds_mla", 8, 1, 64, 2048)
+        return q, cache, "fp8_ds_mla", slots, 0.07, lengths
+
+    _replay_matches_eager(decode, inputs)
+
+
+@needs_deepgemm
+def test_deepgemm_paged_logits_replay_from_a_cuda_graph():
+    from hwrun_nvidia.deepgemm import logits_paged
+
+    def inputs():
+        q, w, cache, table, lens = paged_inputs("fp8", 8, 8192, 64, 1, torch.float8_e4m3fn)
+        lens = torch.randint(1, 8193, lens.shape, device="cuda", dtype=torch.int32)
+        return q, w, cache, "fp8", table, lens, 8192
+
+    _replay_matches_eager(lambda *a: (logits_paged(*a),), inputs)
