@@ -267,6 +267,14 @@ def check_gather_context(comm: Communicator, device: str) -> list[str]:
         got = dcp.gather_context(comm, dcp.shard_context(rows, rank, world).to(device), length)
         if not torch.equal(got.cpu(), rows):
             problems.append(f"gather_context W={world} L={length}: rows differ")
+    # several requests in one all-gather (the engine's prefill under DCP): each in token order
+    lengths = [3, 0, world + 1, 1, 2 * world]
+    requests = [
+        torch.arange(n * 4, dtype=torch.int32).view(n, 4) + 1000 * i for i, n in enumerate(lengths)
+    ]
+    local = torch.cat([dcp.shard_context(rows, rank, world) for rows in requests]).to(device)
+    if not torch.equal(dcp.gather_contexts(comm, local, lengths).cpu(), torch.cat(requests)):
+        problems.append(f"gather_contexts W={world} lengths={lengths}: rows differ")
     return problems
 
 

@@ -9,6 +9,8 @@ instead gather the step's context (:func:`gather_context`) and run the token-sha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hwrun.collectives.communicator import Communicator
@@ -19,6 +21,7 @@ __all__ = [
     "TopkMergeResult",
     "candidates_per_rank",
     "gather_context",
+    "gather_contexts",
     "local_length",
     "local_to_global",
     "lse_combine",
@@ -65,21 +68,42 @@ def gather_context(
 
     Works for any row type (packed uint8 cache rows included): rows are only moved.
     """
+    return gather_contexts(comm, local, [context_len])
+
+
+def gather_contexts(
+    comm: Communicator,
+    local: torch.Tensor,  # [sum_i local_length(L_i, rank, W), ...] this rank's rows, by request
+    context_lens: list[int],  # L_i of each request, the same on every rank
+) -> torch.Tensor:
+    """:func:`gather_context` of several requests in one all-gather: ``[sum_i L_i, ...]``, each
+    request's rows in token order, the requests in the given order, on every rank.
+
+    ``local`` holds this rank's rows of request 0, then of request 1, and so on.
+    """
     world, rank = comm.world_size, comm.rank
-    expected = local_length(context_len, rank, world)
-    if local.shape[0] != expected:
+    held = [local_length(length, rank, world) for length in context_lens]
+    if local.shape[0] != sum(held):
         raise ValueError(
-            f"dcp.gather_context: rank {rank} of {world} stores {expected} of a "
-            f"{context_len}-token request's tokens, got {local.shape[0]} rows "
+            f"dcp.gather_context: rank {rank} of {world} stores {sum(held)} of the tokens of "
+            f"requests of {context_lens} tokens, got {local.shape[0]} rows "
             f"(shape {list(local.shape)})"
         )
-    per_rank = local_length(context_len, 0, world)  # rank 0 stores the most
-    padded = torch.zeros((per_rank, *local.shape[1:]), dtype=local.dtype, device=local.device)
-    padded[:expected] = local
-    gathered = comm.all_gather(padded)  # [W, per_rank, ...]
-    # gathered[r, j] is token j * W + r: swap to [per_rank, W] and the order is token order
-    interleaved = gathered.transpose(0, 1).reshape(per_rank * world, *local.shape[1:])
-    return interleaved[:context_len]
+    rest = local.shape[1:]
+    widths = [local_length(length, 0, world) for length in context_lens]  # rank 0 stores most
+    padded = torch.zeros((sum(widths), *rest), dtype=local.dtype, device=local.device)
+    source, target = 0, 0
+    for count, width in zip(held, widths, strict=True):
+        padded[target : target + count] = local[source : source + count]
+        source, target = source + count, target + width
+    gathered = comm.all_gather(padded)  # [W, sum(widths), ...]
+    runs, start = [], 0
+    for length, width in zip(context_lens, widths, strict=True):
+        # gathered[r, j] is token j * W + r: swap to [width, W] and the order is token order
+        run = gathered[:, start : start + width].transpose(0, 1).reshape(width * world, *rest)
+        runs.append(run[:length])
+        start += width
+    return torch.cat(runs) if runs else padded
 
 
 def lse_combine(
@@ -88,14 +112,19 @@ def lse_combine(
     lse: torch.Tensor,  # [..., H] float32 natural-log LSE of it; -inf where it saw no token
     *,
     heads_sharded: bool = False,
+    merge: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = (
+        attn.lse_combine
+    ),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine every rank's partial attention into the attention over all their tokens.
 
     ``heads_sharded=False``: one all-gather, every rank gets ``[..., H, Dv]`` and ``[..., H]``.
     ``heads_sharded=True``: one all-to-all, rank r gets heads ``r*H/W .. (r+1)*H/W - 1``
     (``[..., H/W, Dv]``), the layout a head-sharded output projection reads; H must divide by W.
-    The merge is :func:`hwrun.ops.attn.lse_combine` (fp32, parts folded in rank order): parts
-    with lse -inf contribute nothing; when every part is -inf the output is 0 and the lse -inf.
+    The merge is ``merge``, an ``attn.lse_combine`` impl (default the reference,
+    :func:`hwrun.ops.attn.lse_combine`; the engine passes its op table's), on the fp32 parts
+    stacked in rank order: parts with lse -inf contribute nothing; when every part is -inf the
+    output is 0 and the lse -inf.
     The output has ``out``'s dtype, the lse is float32.
     """
     if lse.shape != out.shape[:-1]:
@@ -117,6 +146,6 @@ def lse_combine(
         parts = torch.stack(comm.all_to_all(chunks, [chunks[0].shape] * world))
     else:
         parts = comm.all_gather(packed)  # [W, ..., H, Dv + 1]
-    # the reference merge folds the parts in rank order: the same bits on every rank
-    merged_out, merged_lse = attn.lse_combine(parts[..., :-1], parts[..., -1].contiguous())
+    # every rank merges the same parts in rank order: the same bits on every rank
+    merged_out, merged_lse = merge(parts[..., :-1], parts[..., -1].contiguous())
     return merged_out.to(out.dtype), merged_lse
