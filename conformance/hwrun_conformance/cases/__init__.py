@@ -29,6 +29,7 @@ CASE_MODULES: tuple[str, ...] = (
     "attn",
     "moe",
     "kda",
+    "linear",
 )
 
 

@@ -10,7 +10,16 @@ import importlib
 
 from hwrun.ops.contract import OpContract
 
-OP_MODULES: tuple[str, ...] = ("moe", "topk", "attn", "kda", "kv_write", "indexer", "sparse_mla")
+OP_MODULES: tuple[str, ...] = (
+    "moe",
+    "topk",
+    "attn",
+    "kda",
+    "kv_write",
+    "indexer",
+    "sparse_mla",
+    "linear",
+)
 
 
 def catalogue() -> dict[str, OpContract]:

@@ -1,0 +1,151 @@
+"""Cases of `dense.linear`: ``x @ decode(W)^T`` over a weight in its storage format.
+
+Edges from the contract: weight rows and columns that end in partial 128x128 scale tiles, one
+token (decode) and none, ue8m0 scales, scale tiles of zero and of extreme magnitude (an e8m0
+code of 0 is 2^-127; the large ones keep the output finite), and an fp32 input (the CPU
+engine's dtype: the Triton tier refuses it, since it would round it to bf16). Outputs compare
+with allclose: the contract fixes the products and the single rounding, not the summation order.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from hwrun.registry import OpSpec
+from hwrun_conformance.case import Case, Check, RowSplit, Sample, variants
+from hwrun_conformance.cases import replayable
+
+OPS = ("dense.linear",)
+FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0")
+
+_ROWS = RowSplit(args={"x": 0}, outputs={"out": 0})
+
+
+def _extreme_scales(weight):
+    """The same weight with one scale tile zeroed and the others spread over 2^-20..2^4 (e8m0:
+    codes 0 (2^-127), 107 and 131), so the tiles' contributions differ by orders of magnitude."""
+    from hwrun.ops.quantized_weight import QuantizedWeight
+
+    scales = weight.scales.clone()
+    if weight.format == "fp8_block128_ue8m0":
+        spread = torch.tensor([0, 107, 131], dtype=torch.uint8)
+    else:
+        spread = torch.tensor([0.0, 2.0**-20, 2.0**4])
+    flat = scales.view(-1)
+    flat.copy_(spread[torch.arange(flat.numel()) % spread.numel()])
+    return QuantizedWeight(weight.format, weight.shape, weight.data, scales, name=weight.name)
+
+
+def _sample(g, fmt, tokens, rows, cols, dtype, extreme) -> Sample:
+    from hwrun.ops.quantized_weight import quantize_weight
+
+    weight = quantize_weight(torch.randn(rows, cols, generator=g) * 0.05, fmt, "w")
+    if extreme:
+        weight = _extreme_scales(weight)
+    x = torch.randn(tokens, cols, generator=g).to(dtype)
+    return Sample(kwargs={"x": x, "weight": weight}, outputs=("out",), rows=_ROWS)
+
+
+def _case(
+    fmt,
+    seed,
+    tokens,
+    rows,
+    cols,
+    name="",
+    dtype=torch.bfloat16,
+    extreme=False,
+    quick=True,
+    about="",
+) -> list[Case]:
+    dtype_name = str(dtype).removeprefix("torch.")
+    case = Case(
+        op="dense.linear",
+        name=name or fmt,
+        spec=OpSpec(op="dense.linear", dtype=dtype_name, formats=(fmt,)),
+        build=lambda g: _sample(g, fmt, tokens, rows, cols, dtype, extreme),
+        checks={"out": Check("allclose")},
+        seed=seed,
+        quick=quick,
+        about=about,
+    )
+    return variants(case, batch=tokens > 1, quick_siblings=fmt == "fp8_block128")
+
+
+def cases(op: str) -> list[Case]:
+    return [
+        *_case("bf16", 501, 6, 200, 256, about="bf16 weight; R not a multiple of a tile"),
+        *_case("fp8_block128", 502, 5, 160, 384, about="block-FP8, fp32 scales, partial R tile"),
+        *_case("fp8_block128_ue8m0", 503, 4, 256, 256, about="block-FP8, ue8m0 scales"),
+        *_case(
+            "fp8_block128", 504, 3, 96, 200, name="partial_k", about="C = 200: a partial K tile"
+        ),
+        *_case("fp8_block128", 505, 1, 320, 512, name="one_token", about="one row (decode)"),
+        *_case("fp8_block128", 506, 0, 128, 256, name="no_tokens", about="T = 0"),
+        *_case(
+            "fp8_block128",
+            507,
+            4,
+            256,
+            384,
+            name="scale_extremes",
+            extreme=True,
+            about="a zero scale tile, tiles 2^-20 and 2^4",
+        ),
+        *_case(
+            "fp8_block128_ue8m0",
+            508,
+            4,
+            256,
+            384,
+            name="ue8m0_scale_extremes",
+            extreme=True,
+            about="e8m0 codes 0 (2^-127), 107 and 131",
+        ),
+        *_case(
+            "fp8_block128",
+            509,
+            3,
+            128,
+            256,
+            name="fp32_input",
+            dtype=torch.float32,
+            about="fp32 x (the CPU engine): used as given, fp32 out",
+        ),
+        *_case(
+            "fp8_block128",
+            510,
+            64,
+            576,
+            1536,
+            name="decode_64",
+            quick=False,
+            about="64 rows, R = 576 (kv_a_proj's rows), C = 1536",
+        ),
+        *_case(
+            "fp8_block128",
+            511,
+            300,
+            256,
+            512,
+            name="prefill_300",
+            quick=False,
+            about="a prefill chunk of 300 rows",
+        ),
+    ]
+
+
+def fuzz(op: str, rng: random.Random, name: str, seed: int) -> Case:
+    """One random case: any weight format, rows and columns (partial tiles), 0 to 70 tokens."""
+    fmt = rng.choice(FORMATS)
+    params = {
+        "tokens": rng.choice((0, 1, 2, 7, 70)),
+        "rows": rng.randint(1, 300),
+        "cols": rng.randint(1, 400),
+        "name": name,
+        "extreme": fmt != "bf16" and rng.random() < 0.2,
+    }
+    about = replayable("*_case", fmt, seed, **params)
+    return _case(fmt, seed, about=about, **params)[0]

@@ -1,0 +1,79 @@
+"""dense.linear's reference: the definition (decoded weight, fp32 products, one rounding), row
+independence, and its refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hwrun.formats.fp8 import dequantize_fp8_block128
+from hwrun.ops.catalogue import catalogue
+from hwrun.ops.linear import LINEAR_WEIGHT_FORMATS, linear
+from hwrun.ops.quantized_weight import quantize_weight
+from hwrun.registry import OpSpec
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@pytest.mark.parametrize("fmt", LINEAR_WEIGHT_FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_is_the_fp32_product_with_the_decoded_weight_rounded_once(fmt, dtype):
+    g = torch.Generator().manual_seed(1)
+    weight = quantize_weight(torch.randn(200, 300, generator=g) * 0.05, fmt, "w")  # partial tiles
+    x = torch.randn(7, 300, generator=g).to(dtype)
+    got = linear(x, weight)
+    assert got.dtype == dtype and got.shape == (7, 200)
+    exact = x.double() @ weight.dequantize().double().T
+    # fp32 sums against exact ones: a bf16 output within one rounding, an fp32 one within the
+    # sums' rounding (relative to the row's scale where terms cancel).
+    rtol = 2**-8 if dtype == torch.bfloat16 else 1e-6
+    atol = 1e-6 * float(exact.abs().max())
+    torch.testing.assert_close(got.double(), exact, rtol=rtol, atol=atol)
+
+
+def test_the_block_fp8_weight_is_decoded_exactly_by_the_formats():
+    g = torch.Generator().manual_seed(2)
+    weight = quantize_weight(torch.randn(130, 260, generator=g), "fp8_block128", "w")
+    x = torch.eye(260)  # row i of the output is column i of the decoded weight
+    decoded = dequantize_fp8_block128(weight.data, weight.scales)
+    assert torch.equal(linear(x, weight), decoded.T)
+
+
+def test_each_row_has_the_same_bits_alone_and_batched():
+    g = torch.Generator().manual_seed(3)
+    weight = quantize_weight(torch.randn(96, 512, generator=g), "fp8_block128_ue8m0", "w")
+    x = torch.randn(9, 512, generator=g).to(torch.bfloat16)
+    batched = linear(x, weight)
+    for row in range(9):
+        assert torch.equal(_bits(linear(x[row : row + 1], weight)), _bits(batched[row : row + 1]))
+
+
+def test_no_rows():
+    weight = quantize_weight(torch.randn(8, 16), "bf16", "w")
+    assert linear(torch.empty(0, 16, dtype=torch.bfloat16), weight).shape == (0, 8)
+
+
+def test_refuses_with_every_reason():
+    x = torch.randn(3, 64)
+    stack = quantize_weight(torch.randn(2, 8, 64), "bf16", "experts")
+    with pytest.raises(ValueError, match=r"weight \(experts\) must be \[R, C\], got \[2, 8, 64\]"):
+        linear(x, stack)
+    mxfp4 = quantize_weight(torch.randn(8, 32), "mxfp4", "w")
+    with pytest.raises(ValueError) as err:
+        linear(x, mxfp4)
+    assert "C must agree" in str(err.value) and "w is mxfp4" not in str(err.value)
+    assert "weight (w) is mxfp4; dense.linear takes" in str(err.value)
+    with pytest.raises(ValueError, match="must be a QuantizedWeight"):
+        linear(x, torch.randn(8, 64))
+    with pytest.raises(ValueError, match=r"x must be a float tensor \[T, C\]"):
+        linear(torch.ones(3, 64, dtype=torch.int32), quantize_weight(torch.randn(8, 64), "bf16"))
+
+
+def test_is_catalogued_and_the_reference_refuses_other_formats():
+    contract = catalogue()["dense.linear"]
+    assert contract.reference is linear
+    assert contract.reference_validate(contract.default_spec) == []
+    reasons = contract.reference_validate(OpSpec("dense.linear", formats=("bf16", "nvfp4")))
+    assert reasons and "['nvfp4']" in reasons[0]
