@@ -23,6 +23,7 @@ TRITON_OPS = {
     "attn.lse_combine",
     "kv.write_latent",
     "kv.write_index_keys",
+    "dense.linear",
 }
 
 pytestmark = pytest.mark.skipif(

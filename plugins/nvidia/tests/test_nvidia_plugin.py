@@ -23,8 +23,11 @@ TRITON_OPS = {
     "attn.lse_combine",
     "kv.write_latent",
     "kv.write_index_keys",
+    "dense.linear",
 }
 EXPERT_WEIGHTS = {"fp8_block128", "int4_g128"}  # the moe.experts formats claimed
+LINEAR_WEIGHTS = {"fp8_block128", "fp8_block128_ue8m0"}  # dense.linear's (and bf16)
+CLAIMED_FORMATS = {"fp8", "mxfp4", "fp8_ds_mla", "bf16", *EXPERT_WEIGHTS, *LINEAR_WEIGHTS}
 
 
 def _registry() -> OpRegistry:
@@ -77,7 +80,7 @@ def test_claims_follow_what_validate_accepts(monkeypatch: pytest.MonkeyPatch, in
         assert not claims.ops and not claims.formats and not claims.features
         return
     assert claims.ops == TRITON_OPS
-    assert claims.formats == {"fp8", "mxfp4", "fp8_ds_mla", "bf16", *EXPERT_WEIGHTS}
+    assert claims.formats == CLAIMED_FORMATS
     assert "batch_invariant:attn.lse_combine" in claims.features
     assert "batch_invariant:indexer.topk" not in claims.features  # atomics order the output
 
@@ -103,7 +106,7 @@ def test_claims_on_an_h200_target(monkeypatch: pytest.MonkeyPatch):
     h200 = DeviceInfo(0, "nvidia", "NVIDIA H200", "sm_90", device_type="cuda")
     claims = plugin.hwrun_capabilities(Target("nvidia", "cuda", (h200,)))
     assert claims.ops == TRITON_OPS
-    assert claims.formats == {"fp8", "mxfp4", "fp8_ds_mla", "bf16", *EXPERT_WEIGHTS}
+    assert claims.formats == CLAIMED_FORMATS
 
 
 def test_devices_come_from_nvml(monkeypatch: pytest.MonkeyPatch):

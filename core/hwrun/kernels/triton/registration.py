@@ -35,6 +35,7 @@ QUERY_DTYPES = ("float8_e4m3fn", "bfloat16", "float16", "float32")
 LATENT_FORMATS_DECODE = ("fp8_ds_mla", "bf16")
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
 EXPERT_WEIGHT_FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0", "int4_g128")
+LINEAR_WEIGHT_FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0")
 
 
 def _never(spec: OpSpec) -> bool:
@@ -197,7 +198,7 @@ def _topk(
     ends: torch.Tensor,  # [R] int32
     k: int,
 ) -> torch.Tensor:  # [R, k] int32
-    from hwrun.kernels.triton.topk import topk
+    from hwrun.kernels.triton.topk_threshold import topk
 
     return topk(logits, starts, ends, k)
 
@@ -242,6 +243,15 @@ def _experts(
     from hwrun.kernels.triton.moe import experts
 
     return experts(x, w13, w2, ids, weights, activation_mode, shared_experts)
+
+
+def _linear(
+    x: torch.Tensor,  # [T, C] bfloat16
+    weight: QuantizedWeight,  # [R, C]
+) -> torch.Tensor:  # [T, R] bfloat16
+    from hwrun.kernels.triton.linear import linear
+
+    return linear(x, weight)
 
 
 def _lse_combine(
@@ -326,6 +336,12 @@ def _experts_limits(spec: OpSpec) -> list[str]:
     return reasons
 
 
+def _linear_limits(spec: OpSpec) -> list[str]:
+    # x is multiplied in bf16 on the matrix units: an fp32 input would lose its low bits.
+    reasons = dtype_reasons(spec, ("bfloat16",), "input")
+    return reasons + format_reasons(spec, LINEAR_WEIGHT_FORMATS, "weight")
+
+
 def _lse_combine_limits(spec: OpSpec) -> list[str]:
     return dtype_reasons(spec, ("float32", "bfloat16", "float16"), "outs")
 
@@ -359,6 +375,10 @@ def _fp8_weights(spec: OpSpec) -> bool:
     return bool(spec.formats) and spec.formats[0].startswith("fp8_block128")
 
 
+def _any_fp8_weights(spec: OpSpec) -> bool:
+    return any(fmt.startswith("fp8_block128") for fmt in spec.formats)
+
+
 FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
     "indexer": (
         TritonKernel(
@@ -383,8 +403,9 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
             "indexer.topk",
             _topk,
             _topk_limits,
-            "radix select (8-bit histograms, smallest index wins ties)",
-            # Output slots are reserved with atomics: the set is fixed, the order is not on a GPU.
+            "threshold from segment maxima, exact select among the candidates in registers "
+            "(smallest index wins ties; radix select for k > 4096 and overflowing rows)",
+            # Candidates are appended with atomics: the set is fixed, the order is not on a GPU.
             batch_invariant=False,
         ),
     ),
@@ -420,6 +441,20 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
             reads_e4m3fn=_fp8_weights,
             # Tokens that chose one expert share a GEMM tile: the summation order (and so the
             # rounding) depends on which other tokens are in the batch.
+            batch_invariant=False,
+        ),
+    ),
+    "dense": (
+        TritonKernel(
+            "dense.linear",
+            _linear,
+            _linear_limits,
+            "block-FP8 codes read as stored and scaled per 128-wide K step; decode rows split "
+            "K across the SMs",
+            LINEAR_WEIGHT_FORMATS,
+            reads_e4m3fn=_any_fp8_weights,
+            # The tile shape and the split of K change with the row count, and so does the
+            # summation order of a row.
             batch_invariant=False,
         ),
     ),

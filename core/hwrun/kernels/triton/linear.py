@@ -1,0 +1,285 @@
+"""dense.linear: ``x @ decode(W)^T`` with the weight read as stored (bf16, or block-FP8 codes).
+
+One GEMM kernel, ``_linear_kernel``, plus ``_sum_splits_kernel`` when the reduction dimension is
+split. Neither needs a device value on the host, and every allocation's size follows from the
+shapes alone, so a decode step that calls them can be captured in a CUDA graph.
+
+GEMM names here: ``x [M, K]``, ``W [N, K]``, ``out [M, N]`` (the contract's ``[T, C]``,
+``[R, C]``, ``[T, R]``). The weight tile comes from moe.py's ``weight_tile``: e4m3 codes (exact
+in bf16) go through the matrix units as they are, and each K step's partial product is
+multiplied by its weight rows' 128x128 tile scale (a K step never crosses a scale tile: BLOCK_K
+divides 128). The sum is the decoded weight's, in another order.
+
+Tiles (:class:`LinearTiles`, chosen by the row count M in :func:`default_tiles`, or passed in to
+sweep them):
+
+- decode (M <= 64) is memory-bound: the weight is read once, so what matters is that every SM
+  streams weight bytes. Row blocks of 16-64 against 64 weight rows, and the K dimension split
+  in ``split_k`` ranges (enough programs for about two per SM, each range at least four K steps).
+  Each range writes an fp32 partial ``[split_k, M, N]``; ``_sum_splits_kernel`` adds them in
+  range order and rounds once to the output dtype.
+- prefill (M > 64): row blocks of 64-128 against 128 weight rows, no split; ``group_m`` row
+  blocks walk the weight tiles together, so a weight tile is read from L2 by each of them.
+- ``swap_ab`` computes ``W_tile @ x_tile^T`` (the weight rows on the matrix units' M side, the
+  few tokens on their N side: Hopper's wgmma reads its left operand from registers, where the
+  decoded weight tile already is). A knob to sweep; off by default.
+
+Numerics against the reference (``hwrun.ops.linear``): the same bf16 inputs, exact fp32
+products, fp32 sums, one rounding; the scale multiplies a 128-wide partial sum where the
+reference rounds ``code * scale`` to fp32 first. The results differ by fp32 summation order,
+enough to move a bf16 output by one unit now and then. Not batch-invariant: the tile shape and
+split count change with M, and so does the summation order of a row.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from hwrun.kernels.triton.index_key_tiles import wide_dtype
+from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.moe import FORMAT_CODES, weight_tile
+from hwrun.ops.linear import check_linear_args
+from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
+
+DECODE_ROWS = 64  # up to this many rows the op is memory-bound: decode tiles, split K
+MIN_SPLIT_STEPS = 2  # K steps each split range keeps at least
+PROGRAMS_PER_SM = 2  # decode: split K until about this many programs per SM
+# Each split range writes an fp32 partial that the sum reads back: 8 bytes per row and output
+# column, against at least 1 byte per weight element read. Splits are capped so that this
+# traffic stays under a quarter of the weight's: split <= K / (32 * M).
+PARTIAL_TRAFFIC_DIVISOR = 32
+
+
+@dataclass(frozen=True)
+class LinearTiles:
+    """Launch shape of ``_linear_kernel``. ``block_k`` must divide 128 for block-FP8 weights
+    (one scale tile per K step); block sizes are powers of two of at least 16 (the matrix
+    units' smallest tile); ``split_k`` ranges of whole K steps."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    group_m: int = 8
+    swap_ab: bool = False
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+# Starting points for the H200 (sm_90), to be swept with bench/linear_gpu.py --tune. Decode
+# tiles take block_m 16, 32 or 64 (the rows rounded up) and a split_k from split_for.
+DECODE_TILES = LinearTiles(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
+MIDDLE_TILES = LinearTiles(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3)
+PREFILL_TILES = LinearTiles(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)
+INTERPRETER_TILES = LinearTiles(block_m=16, block_n=32, block_k=32, num_stages=1)
+# The launch shapes bench/linear_gpu.py --tune times (with split_k swept on top of each decode
+# shape); tests/kernels/test_gpu_kernels.py compiles every one.
+DECODE_GRID = (
+    LinearTiles(16, 32, 128, num_warps=4, num_stages=4),
+    LinearTiles(16, 64, 128, num_warps=4, num_stages=4),
+    LinearTiles(16, 128, 128, num_warps=4, num_stages=3),
+    LinearTiles(16, 64, 64, num_warps=2, num_stages=6),
+    LinearTiles(16, 64, 128, swap_ab=True, num_warps=4, num_stages=4),
+    LinearTiles(32, 128, 128, swap_ab=True, num_warps=4, num_stages=3),
+    LinearTiles(64, 64, 128, num_warps=4, num_stages=3),
+)
+PREFILL_GRID = (
+    LinearTiles(64, 128, 128, num_warps=4, num_stages=3),
+    LinearTiles(128, 128, 128, num_warps=8, num_stages=3),
+    LinearTiles(128, 128, 64, num_warps=4, num_stages=4),
+    LinearTiles(128, 64, 128, num_warps=4, num_stages=4),
+    LinearTiles(128, 256, 64, num_warps=8, num_stages=3),
+    LinearTiles(128, 128, 128, group_m=1, num_warps=8, num_stages=3),
+    LinearTiles(128, 128, 128, swap_ab=True, num_warps=8, num_stages=3),
+)
+
+
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def split_for(tiles: LinearTiles, m: int, n: int, k: int, num_sms: int) -> int:
+    """Ranges to split K into so that about ``PROGRAMS_PER_SM`` programs run per SM (1 when
+    the output tiles already fill the device), each range keeping at least ``MIN_SPLIT_STEPS``
+    K steps, the partials' traffic capped (``PARTIAL_TRAFFIC_DIVISOR``)."""
+    m = max(m, 1)  # no rows: nothing is launched, any valid split will do
+    output_tiles = triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n)
+    k_steps = triton.cdiv(k, tiles.block_k)
+    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, output_tiles)
+    cap = min(k_steps // MIN_SPLIT_STEPS, k // (PARTIAL_TRAFFIC_DIVISOR * m))
+    split = max(1, min(wanted, cap))
+    return triton.cdiv(k_steps, triton.cdiv(k_steps, split))  # no empty range
+
+
+def default_tiles(m: int, n: int, k: int, num_sms: int | None) -> LinearTiles:
+    """Tiles for ``M`` rows against an ``[N, K]`` weight; ``num_sms`` None: the interpreter."""
+    if num_sms is None:
+        return INTERPRETER_TILES
+    if m > DECODE_ROWS:
+        return MIDDLE_TILES if m <= 256 else PREFILL_TILES
+    tiles = replace(DECODE_TILES, block_m=16 if m <= 16 else 32 if m <= 32 else 64)
+    return replace(tiles, split_k=split_for(tiles, m, n, k, num_sms))
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr,  # [M, K] bf16, row stride stride_xm
+    w_ptr,  # [N, K] bf16, or uint8 e4m3 codes
+    s_ptr,  # [ceil(N/128), ceil(K/128)] fp32 or e8m0 scales (fp8 only)
+    out_ptr,  # [M, N] out dtype (SPLIT_K == 1), or [SPLIT_K, M, N] fp32 partials
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    stride_os,  # between split partials (0 without a split)
+    k_per_split,  # K columns per split range, a multiple of BLOCK_K
+    FORMAT: tl.constexpr,
+    WIDE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+):
+    # Grouped order: GROUP_M row blocks take the weight's column tiles in turn together.
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group_size = GROUP_M * num_n
+    first_m = (pid // group_size) * GROUP_M
+    rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group_size) % rows_in_group
+    pid_n = (pid % group_size) // rows_in_group
+
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = m < M
+    n_mask = n < N
+    x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
+    k_begin = split * k_per_split
+    k_end = tl.minimum(K, k_begin + k_per_split)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = kk < K  # a range ends at K or on a BLOCK_K boundary
+        a = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        a = a.to(WIDE)
+        w, scale = weight_tile(
+            w_ptr, s_ptr, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+        )
+        if SWAP_AB:
+            if FORMAT == 0:
+                acc = tl.dot(w, tl.trans(a), acc)
+            else:
+                acc += tl.dot(w, tl.trans(a)) * scale[:, None]
+        elif FORMAT == 0:
+            acc = tl.dot(a, tl.trans(w), acc)
+        else:
+            acc += tl.dot(a, tl.trans(w)) * scale[None, :]
+    out = out_ptr + split.to(tl.int64) * stride_os
+    if SWAP_AB:
+        ptrs = out + m.to(tl.int64)[None, :] * stride_om + n[:, None]
+        mask = n_mask[:, None] & m_mask[None, :]
+    else:
+        ptrs = out + m.to(tl.int64)[:, None] * stride_om + n[None, :]
+        mask = m_mask[:, None] & n_mask[None, :]
+    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(
+    part_ptr,  # [SPLIT_K, M, N] float32
+    out_ptr,  # [M, N] out dtype, row stride stride_om
+    M,
+    N,
+    stride_om,
+    SPLIT_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = n < N
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for s in tl.static_range(SPLIT_K):  # in range order: the sum's order is fixed
+        acc += tl.load(part_ptr + (s * M + row) * N + n, mask=mask, other=0.0)
+    tl.store(out_ptr + row * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _check(x: torch.Tensor, weight: QuantizedWeight, tiles: LinearTiles) -> None:
+    """What this kernel cannot compute, beyond the contract's own checks."""
+    problems = []
+    if x.dtype != torch.bfloat16:
+        problems.append(
+            f"x is {x.dtype}; the kernel multiplies bf16 on the matrix units (another dtype "
+            "would be rounded to bf16 first, which is not the contract)"
+        )
+    sizes = {"block_m": tiles.block_m, "block_n": tiles.block_n, "block_k": tiles.block_k}
+    for name, size in sizes.items():
+        if size < 16 or size & (size - 1):
+            problems.append(f"{name} must be a power of two >= 16, got {size}")
+    if weight.format != "bf16" and FP8_BLOCK % tiles.block_k:
+        problems.append(f"block_k {tiles.block_k} must divide the fp8 scale tile {FP8_BLOCK}")
+    if tiles.split_k < 1 or tiles.group_m < 1:
+        problems.append(f"split_k and group_m must be >= 1, got {tiles.split_k}, {tiles.group_m}")
+    if problems:
+        raise ValueError("dense.linear (triton): " + "; ".join(problems))
+
+
+def linear(
+    x: torch.Tensor,  # [T, C] bfloat16
+    weight: QuantizedWeight,  # [R, C] bf16 / fp8_block128 / fp8_block128_ue8m0
+    tiles: LinearTiles | None = None,
+) -> torch.Tensor:  # [T, R] bfloat16
+    """The contract of ``hwrun.ops.linear.linear`` through the Triton kernel (shape checks
+    only: nothing here reads a device value)."""
+    check_linear_args(x, weight)
+    m, k = x.shape
+    n = weight.shape[0]
+    if tiles is None:
+        sms = _multiprocessors(x.device.index or 0) if x.is_cuda else None
+        tiles = default_tiles(m, n, k, sms)
+    _check(x, weight, tiles)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    prepare_launch()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    data = weight.data if weight.data.stride(-1) == 1 else weight.data.contiguous()
+    scales = data if weight.scales is None else weight.scales.contiguous()
+    k_steps = triton.cdiv(k, tiles.block_k)
+    steps_per_split = triton.cdiv(k_steps, tiles.split_k)
+    split = triton.cdiv(k_steps, steps_per_split)
+    partials = out
+    if split > 1:
+        partials = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split)
+    _linear_kernel[grid](
+        x, data, scales, partials, m, n, k,
+        x.stride(0), data.stride(0), scales.stride(0) if weight.scales is not None else 0,
+        n if split > 1 else out.stride(0), m * n if split > 1 else 0,
+        steps_per_split * tiles.block_k,
+        FORMAT=FORMAT_CODES[weight.format], WIDE=wide_dtype(),
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if split > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _sum_splits_kernel[(m, triton.cdiv(n, block))](
+            partials, out, m, n, out.stride(0), SPLIT_K=split, BLOCK=block
+        )
+    return out

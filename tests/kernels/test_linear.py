@@ -1,0 +1,151 @@
+"""dense.linear's Triton kernel against the reference (CPU interpreter, small shapes).
+
+Tolerance: the kernel multiplies the same bf16 inputs (e4m3 codes exact in bf16), with exact
+products and fp32 sums, but per tile and K step rather than one row at a time, and it scales a
+128-wide partial sum where the reference rounds ``code * scale`` to fp32 first: the fp32 sums
+differ in their last bits, which can move a bf16 output by one unit (2^-8 relative). Outputs
+are compared to 4 bf16 units (rtol 2^-6) plus an atol of 1e-3 of the output's scale.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hwrun.kernels.triton.linear import (
+    DECODE_ROWS,
+    INTERPRETER_TILES,
+    LinearTiles,
+    default_tiles,
+    linear,
+)
+from hwrun.ops.linear import linear as reference
+from hwrun.ops.quantized_weight import QuantizedWeight, quantize_weight
+from hwrun.registry import OpSpec
+
+FORMATS = ["bf16", "fp8_block128", "fp8_block128_ue8m0"]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    scale = float(want.float().abs().amax()) if want.numel() else 1.0
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=1e-3 * scale)
+
+
+def _problem(seed: int, fmt: str, tokens: int, rows: int, cols: int):
+    g = torch.Generator().manual_seed(seed)
+    weight = quantize_weight(torch.randn(rows, cols, generator=g) * 0.05, fmt, "w")
+    return torch.randn(tokens, cols, generator=g).to(torch.bfloat16), weight
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(
+    ("tokens", "rows", "cols"),
+    [
+        (1, 200, 256),  # one token (decode); R = 200 ends in a partial row block and tile
+        (5, 160, 200),  # C = 200: a partial K step and a partial scale tile
+    ],
+)
+def test_matches_reference(fmt, tokens, rows, cols):
+    x, weight = _problem(21, fmt, tokens, rows, cols)
+    _close(linear(x, weight), reference(x, weight))
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        LinearTiles(16, 32, 32, split_k=3, num_stages=1),  # K split in three ranges, summed
+        LinearTiles(16, 32, 64, split_k=2, swap_ab=True, num_stages=1),  # W @ x^T orientation
+        LinearTiles(16, 16, 128, group_m=2, num_stages=1),  # 3 row blocks in groups of 2
+        LinearTiles(32, 64, 128, split_k=4, swap_ab=True, group_m=1, num_stages=1),
+    ],
+    ids=["split3", "swap_split2", "grouped", "swap_split4_wide"],
+)
+def test_tile_configs_compute_the_same_op(tiles):
+    # 40 rows: several row blocks; C = 384: three scale tiles, K steps within each.
+    x, weight = _problem(22, "fp8_block128", 40, 150, 384)
+    _close(linear(x, weight, tiles), reference(x, weight))
+
+
+def test_split_ranges_never_straddle_the_end():
+    # 5 K steps of 32 in 3 requested ranges: 2 + 2 + 1 steps, the last one partial (C = 150).
+    x, weight = _problem(23, "fp8_block128_ue8m0", 3, 64, 150)
+    tiles = LinearTiles(16, 32, 32, split_k=3, num_stages=1)
+    _close(linear(x, weight, tiles), reference(x, weight))
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block128", "fp8_block128_ue8m0"])
+def test_zero_tiny_and_large_scales(fmt):
+    x, weight = _problem(24, fmt, 3, 256, 384)
+    scales = weight.scales.clone()
+    if fmt == "fp8_block128":
+        scales[0, 0], scales[0, 1], scales[1, 2] = 0.0, 2.0**20, 2.0**-30
+    else:  # e8m0 codes: 0 is 2^-127, 254 is 2^127 (kept finite by zero codes), 147 is 2^20
+        scales[0, 0], scales[0, 1], scales[1, 2] = 0, 147, 254
+    data = weight.data.clone()
+    if fmt.endswith("ue8m0"):
+        data[128:, 256:] = 0  # the 2^127 tile: zero codes, so the products stay finite
+    weight = QuantizedWeight(fmt, weight.shape, data, scales, name="w")
+    got, want = linear(x, weight), reference(x, weight)
+    assert torch.isfinite(want.float()).all()
+    _close(got, want)
+
+
+def test_no_rows():
+    x, weight = _problem(25, "fp8_block128", 0, 64, 128)
+    assert linear(x, weight).shape == (0, 64)
+
+
+def test_negative_control_the_scale_tile_matters():
+    # The same codes under transposed scale tiles are another weight: the kernel must not match
+    # the reference on the original, so the tests above can fail.
+    x, weight = _problem(26, "fp8_block128", 4, 256, 256)
+    want = reference(x, weight)
+    scales = weight.scales.T.contiguous() * torch.tensor([[1.0, 3.0], [0.5, 1.0]])
+    swapped = QuantizedWeight(weight.format, weight.shape, weight.data, scales, name="w")
+    assert not torch.allclose(linear(x, swapped).float(), want.float(), rtol=2**-6, atol=1e-3)
+
+
+def test_refuses_what_it_cannot_compute():
+    x, weight = _problem(27, "fp8_block128", 2, 64, 128)
+    with pytest.raises(ValueError, match=r"x is torch\.float32"):
+        linear(x.float(), weight)
+    with pytest.raises(ValueError, match="block_k 256 must divide the fp8 scale tile 128"):
+        linear(x, weight, LinearTiles(16, 32, 256))
+    with pytest.raises(ValueError, match="block_n must be a power of two >= 16, got 24"):
+        linear(x, weight, LinearTiles(16, 24, 32))
+    with pytest.raises(ValueError, match=r"C must agree"):
+        linear(x[:, :64], weight)
+    mxfp4 = quantize_weight(torch.randn(64, 128), "mxfp4", "w")
+    with pytest.raises(ValueError, match=r"weight \(w\) is mxfp4; dense.linear takes"):
+        linear(x, mxfp4)
+
+
+def test_default_tiles_split_decode_rows_across_the_device():
+    sms = 132
+    for rows, cols in [(576, 4096), (1536, 4096), (4096, 8192), (12288, 1536)]:
+        tiles = default_tiles(1, rows, cols, sms)
+        programs = -(-rows // tiles.block_n) * tiles.split_k
+        assert tiles.block_m == 16 and programs >= sms, (rows, cols, tiles)
+        assert -(-cols // tiles.block_k) >= 2 * tiles.split_k  # at least 2 K steps per range
+    wide = default_tiles(8, 129280, 4096, sms)  # the LM head fills the device unsplit
+    assert wide.split_k == 1
+    # At 64 rows the fp32 partials would cost as much traffic as the weight: capped.
+    assert default_tiles(DECODE_ROWS, 576, 4096, sms).split_k <= 4096 // (32 * DECODE_ROWS)
+    assert default_tiles(0, 576, 4096, sms).split_k >= 1  # no rows: any valid tiles
+    prefill = default_tiles(512, 4096, 8192, sms)
+    assert prefill.split_k == 1 and prefill.block_m == 128
+    assert default_tiles(512, 4096, 8192, None) == INTERPRETER_TILES
+
+
+def test_the_triton_tier_registers_it_graph_safe_and_not_batch_invariant(monkeypatch):
+    from hwrun.kernels.triton.registration import FAMILIES
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel = next(k for family in FAMILIES.values() for k in family if k.op == "dense.linear")
+    assert kernel.graph_safe and not kernel.batch_invariant
+    assert set(kernel.formats) == set(FORMATS)
+    fp8 = OpSpec("dense.linear", "bfloat16", ("fp8_block128", "bf16"), device_type="cuda")
+    assert kernel.limits(fp8) == [] and kernel.reads_e4m3fn(fp8)
+    refused = " | ".join(kernel.limits(OpSpec("dense.linear", "float32", ("mxfp4",))))
+    assert "input dtype float32" in refused and "['mxfp4'] not supported" in refused
