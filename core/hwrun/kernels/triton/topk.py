@@ -202,6 +202,46 @@ def _gather_pass(
                 n_equal += tl.sum(is_equal.to(tl.int32), 0)
 
 
+@triton.jit
+def radix_select_row(row_ptr, out_row, start, end, L, k, t, BLOCK: tl.constexpr):
+    """One program's exact top-k of the window [start, end) of a row, among keys >= t (a bound
+    known to be at most the k-th key; 0 for none): four 8-bit histogram passes over the window
+    narrow the k-th key, then one ordered sweep writes the winners, ties by smallest index.
+    The threshold kernel's slow path for rows with more candidates than its buffer holds."""
+    offs = tl.arange(0, BLOCK)
+    bins = tl.arange(0, 256)
+    first = (start // BLOCK) * BLOCK
+    prefix = tl.zeros((), tl.uint32)
+    hmask = tl.zeros((), tl.uint32)
+    remaining = k + start * 0
+    for p in tl.static_range(4):
+        hist = tl.zeros((256,), tl.int32)
+        for o in range(first, end, BLOCK):
+            idx = tl.multiple_of(o, 16) + offs
+            key = _sortable_key(tl.load(row_ptr + idx, mask=idx < L, other=0.0))
+            match = (idx >= start) & (idx < end) & (key >= t) & ((key & hmask) == prefix)
+            hist += tl.histogram(((key >> (24 - 8 * p)) & 255).to(tl.int32), 256, mask=match)
+        total = tl.sum(hist, 0)
+        higher = total - tl.cumsum(hist, 0)  # keys in higher bins
+        chosen = tl.sum((higher + hist >= remaining).to(tl.int32), 0) - 1
+        remaining -= tl.sum(tl.where(bins == chosen, higher, 0), 0)
+        prefix = prefix | (chosen.to(tl.uint32) << (24 - 8 * p))
+        hmask = hmask | (tl.full((), 255, tl.uint32) << (24 - 8 * p))
+    taken = 0
+    ties = 0
+    for o in range(first, end, BLOCK):
+        idx = tl.multiple_of(o, 16) + offs
+        key = _sortable_key(tl.load(row_ptr + idx, mask=idx < L, other=0.0))
+        inside = (idx >= start) & (idx < end)
+        tie = inside & (key == prefix)
+        tie_rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
+        take = (inside & (key > prefix)) | (tie & (tie_rank < remaining))
+        slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+        tl.store(out_row + slot, idx - start, mask=take)
+        taken += tl.sum(take.to(tl.int32), 0)
+        ties += tl.sum(tie.to(tl.int32), 0)
+
+
 def topk(
     logits: torch.Tensor,  # [R, L] float32
     starts: torch.Tensor,  # [R] int32

@@ -1,0 +1,378 @@
+"""indexer.topk through a threshold from segment maxima: each row is read about twice, and the
+exact selection runs over a few thousand candidates held in registers.
+
+1. ``_segment_max`` (rows x tiles programs): the largest key of every aligned segment of
+   ``2**level`` columns of the row's window; ``level`` is per row, the smallest that leaves at
+   most ``M`` segments (so a short window in a long padded row keeps fine segments).
+2. ``_threshold`` (one program per row): T, the k-th largest segment maximum rounded down to
+   its top ``THRESHOLD_BITS`` bits, by a bitwise search over the maxima in registers. The
+   maxima are k distinct columns scoring >= T, so T is never above the row's k-th key: every
+   column of the result, ties at the k-th key included, scores >= T.
+3. ``_compact`` (rows x chunks programs): the window's keys >= T, read only in segments whose
+   maximum reaches T, appended to a per-row buffer of ``CAP`` slots (one atomic per tile).
+4. ``_select`` (one program per row): the exact k-th key among the candidates by a bitwise
+   search in registers; ties at it go by smallest index. A row with more than ``CAP``
+   candidates (heavy ties, scores clustered in whole segments) takes an exact slow path in the
+   same program: 8-bit radix histograms over its window, then one ordered sweep.
+
+With m segments and independent scores a row has about -m ln(1 - k/m) candidates (2357 for
+m = 8192, k = 2048). Nothing waits on the host and allocations depend on shapes only, so a CUDA
+graph captures it. Keys are the radix kernel's order-preserving uint32 (NaN as -inf, -0.0 as
++0.0). The output order is the candidates' (atomic) order: the contract compares sets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.topk import _sortable_key, radix_select_row
+from hwrun.kernels.triton.topk import topk as radix_topk
+
+# k above this goes to the radix kernel: M >= 2k segment maxima and the candidate tile live in
+# registers of one program, 8192 keys (+ indices) at 8 warps being 32 (+ 32) registers a thread.
+MAX_K = 4096
+
+
+@triton.jit
+def _row_level(start, end, M: tl.constexpr, LEVELS: tl.constexpr):
+    """The smallest level whose aligned segments of 2**level columns cover [start, end) with at
+    most M of them (the host makes the last level cover a whole row)."""
+    level = start * 0
+    for lvl in tl.static_range(LEVELS - 1):
+        level += ((((end - 1) >> lvl) - (start >> lvl) + 1) > M).to(tl.int32)
+    return level
+
+
+@triton.jit
+def _kth_largest(keys, k, lo, hi, BITS: tl.constexpr):
+    """The largest v (zero below its top BITS bits) with at least k keys >= v, given
+    lo <= v <= hi: the bits above lo's and hi's first difference are copied, not searched."""
+    diff = lo ^ hi
+    v = tl.zeros((), tl.uint32)
+    for i in tl.static_range(BITS):
+        bit = tl.full((), 1, tl.uint32) << (31 - i)
+        if (diff >> (31 - i)) == 0:
+            v = v | (lo & bit)
+        else:
+            trial = v | bit
+            v = tl.where(tl.sum((keys >= trial).to(tl.int32), 0) >= k, trial, v)
+    return v
+
+
+@triton.jit
+def _segment_max(
+    logits_ptr,  # [R, L] float32
+    starts_ptr,  # [R] int32
+    ends_ptr,  # [R] int32
+    max_ptr,  # [R, M] int32: uint32 keys, the first nseg of each row written
+    row_stride,
+    L,
+    k,
+    M: tl.constexpr,
+    LEVELS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    lo = tl.program_id(1) * BLOCK
+    start = tl.load(starts_ptr + row)
+    end = tl.load(ends_ptr + row)
+    if (end - start > k) & (lo < end) & (lo + BLOCK > start):
+        level = _row_level(start, end, M, LEVELS)
+        idx = lo + tl.arange(0, BLOCK)
+        # Masked by the row end only (a multiple of 16 in the models): 16-byte vector loads.
+        x = tl.load(logits_ptr + row * row_stride + idx, mask=idx < L, other=0.0)
+        key = _sortable_key(x)
+        key = tl.where((idx >= start) & (idx < end), key, tl.zeros_like(key))
+        for lvl in tl.static_range(LEVELS):
+            if level == lvl:
+                seg_max = tl.max(tl.reshape(key, (BLOCK >> lvl, 1 << lvl)), axis=1)
+                seg = (lo >> lvl) - (start >> lvl) + tl.arange(0, BLOCK >> lvl)
+                nseg = ((end - 1) >> lvl) - (start >> lvl) + 1
+                tl.store(
+                    max_ptr + row * M + seg,
+                    seg_max.to(tl.int32, bitcast=True),
+                    mask=(seg >= 0) & (seg < nseg),
+                )
+
+
+@triton.jit
+def _threshold(
+    starts_ptr,  # [R] int32
+    ends_ptr,  # [R] int32
+    max_ptr,  # [R, M] int32
+    thresh_ptr,  # [R] int32: uint32 key T
+    count_ptr,  # [R] int32: zeroed here for _compact
+    k,
+    M: tl.constexpr,
+    LEVELS: tl.constexpr,
+    BITS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    start = tl.load(starts_ptr + row)
+    end = tl.load(ends_ptr + row)
+    tl.store(count_ptr + row, 0)
+    if end - start > k:
+        level = _row_level(start, end, M, LEVELS)
+        nseg = ((end - 1) >> level) - (start >> level) + 1
+        seg = tl.arange(0, M)
+        # The whole [M] row is allocated: an unmasked (vector) load, unwritten entries zeroed.
+        seg_max = tl.load(max_ptr + row * M + seg).to(tl.uint32, bitcast=True)
+        seg_max = tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max))
+        lo = tl.zeros((), tl.uint32)
+        t = _kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
+        tl.store(thresh_ptr + row, t.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _compact(
+    logits_ptr,  # [R, L] float32
+    starts_ptr,  # [R] int32
+    ends_ptr,  # [R] int32
+    max_ptr,  # [R, M] int32
+    thresh_ptr,  # [R] int32
+    count_ptr,  # [R] int32: candidates of the row, CAP exceeded = slow path
+    cand_key_ptr,  # [R, CAP] int32
+    cand_idx_ptr,  # [R, CAP] int32
+    row_stride,
+    L,
+    k,
+    chunk,
+    M: tl.constexpr,
+    LEVELS: tl.constexpr,
+    CAP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    start = tl.load(starts_ptr + row)
+    end = tl.load(ends_ptr + row)
+    if end - start > k:
+        level = _row_level(start, end, M, LEVELS)
+        first_seg = start >> level
+        t = tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True)
+        row_ptr = logits_ptr + row * row_stride
+        offs = tl.arange(0, BLOCK)
+        lo = tl.maximum(part * chunk, (start // BLOCK) * BLOCK)
+        hi = tl.minimum(part * chunk + chunk, end)
+        for o in range(lo, hi, BLOCK):
+            idx = tl.multiple_of(o, 16) + offs
+            inside = (idx >= start) & (idx < hi)
+            seg_max = tl.load(max_ptr + row * M + (idx >> level) - first_seg, mask=inside, other=0)
+            # Segments whose maximum is below T hold no candidate: their columns are not read.
+            live = inside & (seg_max.to(tl.uint32, bitcast=True) >= t)
+            key = _sortable_key(tl.load(row_ptr + idx, mask=live, other=0.0))
+            cand = live & (key >= t)
+            n = tl.sum(cand.to(tl.int32), 0)
+            if n > 0:
+                # One atomic per tile; ranks inside the tile by a scan.
+                base = tl.atomic_add(count_ptr + row, n, sem="relaxed")
+                slot = base + tl.cumsum(cand.to(tl.int32), 0) - 1
+                keep = cand & (slot < CAP)
+                tl.store(cand_key_ptr + row * CAP + slot, key.to(tl.int32, bitcast=True), keep)
+                tl.store(cand_idx_ptr + row * CAP + slot, idx, keep)
+
+
+@triton.jit
+def _nth_smallest(idx, chosen, n, IDX_BITS: tl.constexpr):
+    """The n-th smallest of the distinct ``idx`` where ``chosen`` (1 <= n <= their count)."""
+    v = tl.zeros((), tl.int32)
+    for i in tl.static_range(IDX_BITS):
+        trial = v | (1 << (IDX_BITS - 1 - i))
+        below = tl.sum((chosen & (idx < trial)).to(tl.int32), 0)
+        v = tl.where(below < n, trial, v)
+    return v
+
+
+@triton.jit
+def _select_tile(
+    key_row, idx_row, out_row, n, k, t, start, TILE: tl.constexpr, IDX_BITS: tl.constexpr
+):
+    """The k best of n <= TILE candidates, all in registers."""
+    lane = tl.arange(0, TILE)
+    valid = lane < n
+    # Unmasked (vector) loads of the allocated [CAP] row; empty lanes get key 0, below every
+    # real key (the key of -inf is 0x007FFFFF).
+    key = tl.load(key_row + lane).to(tl.uint32, bitcast=True)
+    key = tl.where(valid, key, tl.zeros_like(key))
+    idx = tl.load(idx_row + lane)
+    kth = _kth_largest(key, k, t, tl.max(key, 0), 32)
+    above = key > kth
+    tie = key == kth
+    need = k - tl.sum(above.to(tl.int32), 0)
+    cut = tl.full((), 0x7FFFFFFF, tl.int32)  # every tie
+    if tl.sum(tie.to(tl.int32), 0) > need:
+        cut = _nth_smallest(idx, tie, need, IDX_BITS)
+    take = above | (tie & (idx <= cut))
+    slot = tl.cumsum(take.to(tl.int32), 0) - 1
+    tl.store(out_row + slot, idx - start, mask=take)
+
+
+@triton.jit
+def _select(
+    logits_ptr,  # [R, L] float32
+    starts_ptr,  # [R] int32
+    ends_ptr,  # [R] int32
+    thresh_ptr,  # [R] int32
+    count_ptr,  # [R] int32
+    cand_key_ptr,  # [R, CAP] int32
+    cand_idx_ptr,  # [R, CAP] int32
+    out_ptr,  # [R, k] int32
+    row_stride,
+    L,
+    k,
+    CAP: tl.constexpr,
+    IDX_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    start = tl.load(starts_ptr + row)
+    end = tl.load(ends_ptr + row)
+    out_row = out_ptr + row * k
+    if end - start <= k:
+        # Short row: every position, in order, then -1 padding (the reference's rule).
+        for o in range(0, k, K_BLOCK):
+            ko = o + tl.arange(0, K_BLOCK)
+            tl.store(out_row + ko, tl.where(ko < end - start, ko, -1), mask=ko < k)
+    else:
+        n = tl.load(count_ptr + row)
+        t = tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True)
+        key_row = cand_key_ptr + row * CAP
+        idx_row = cand_idx_ptr + row * CAP
+        # Half a tile when the candidates fit: the search's work is per lane, used or not.
+        if n <= CAP // 2:
+            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS)
+        elif n <= CAP:
+            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS)
+        else:
+            radix_select_row(logits_ptr + row * row_stride, out_row, start, end, L, k, t, BLOCK)
+
+
+def _levels(length: int, segments: int) -> int:
+    """Levels 0 .. LEVELS-1, the last one leaving at most ``segments`` over a whole row."""
+    level = 0
+    while ((length - 1) >> level) + 1 > segments:
+        level += 1
+    return level + 1
+
+
+@dataclass(frozen=True)
+class ThresholdTiles:
+    """Launch parameters. The defaults: 8 warps hold an 8192-key register tile in 32 registers
+    a thread (_threshold, _select); 4096-column tiles give 16-byte loads, 4 per thread, in
+    _segment_max; _compact's per-element (gathered) loads keep its tile at 2048 columns for
+    register room (108 registers at 4096); ~8 compaction programs per multiprocessor."""
+
+    segments: int = 8192  # segment maxima per row (M, at least 2k): more, fewer candidates
+    capacity: int = 8192  # candidate slots per row (CAP): a row with more takes the slow path
+    block: int = 4096  # columns per tile of _segment_max (and of the slow path)
+    compact_block: int = 2048  # columns per tile of _compact
+    chunks: int | None = None  # _compact programs per row; None: ~8 per multiprocessor
+    num_warps: int = 8  # _segment_max, _compact
+    select_warps: int = 8  # _threshold, _select (one program per row)
+    threshold_bits: int = 16  # top bits of T searched; fewer: a coarser (lower) T
+
+
+def _run(
+    logits: torch.Tensor,  # [R, L] float32, unit column stride
+    starts: torch.Tensor,  # [R] int32
+    ends: torch.Tensor,  # [R] int32
+    k: int,
+    tiles: ThresholdTiles,
+) -> tuple[torch.Tensor, torch.Tensor]:  # out [R, k] int32, candidates [R] int32
+    R, L = logits.shape
+    device = logits.device
+    out = torch.empty((R, k), dtype=torch.int32, device=device)
+    counts = torch.empty(R, dtype=torch.int32, device=device)  # zeroed by _threshold
+    if R == 0:
+        return out, counts
+    starts_c = starts.to(torch.int32).clamp(0, L)
+    ends_c = torch.maximum(ends.to(torch.int32).clamp(0, L), starts_c)
+    pow2, cdiv = triton.next_power_of_2, triton.cdiv
+    width = max(L, 1)
+    # At least 2k segments (a window longer than k then has >= k of them); at most a quarter
+    # of the row's columns when that is more (scratch memory at prefill's thousands of rows).
+    M = max(2 * pow2(k), min(pow2(tiles.segments), pow2(width) // 4))
+    levels = _levels(width, M)
+    seg_block = max(tiles.block, 1 << (levels - 1))  # a segment never straddles two tiles
+    cap = max(2, min(pow2(tiles.capacity), pow2(width)))  # a row has at most L candidates
+    block = tiles.compact_block
+    chunks = tiles.chunks
+    if chunks is None:
+        sms = (
+            torch.cuda.get_device_properties(device).multi_processor_count if logits.is_cuda else 1
+        )
+        chunks = cdiv(8 * sms, R)
+    chunk = cdiv(cdiv(width, max(1, min(chunks, cdiv(width, block)))), block) * block
+    seg_max = torch.empty((R, M), dtype=torch.int32, device=device)
+    thresh = torch.empty(R, dtype=torch.int32, device=device)
+    cand = torch.empty((2, R, cap), dtype=torch.int32, device=device)
+    rows = (starts_c, ends_c)
+    stride = logits.stride(0)
+    warps, select_warps = tiles.num_warps, tiles.select_warps
+    prepare_launch()
+    _segment_max[(R, cdiv(width, seg_block))](
+        logits, *rows, seg_max, stride, L, k, M, levels, seg_block, num_warps=warps
+    )
+    _threshold[(R,)](
+        *rows, seg_max, thresh, counts, k, M, levels, tiles.threshold_bits, num_warps=select_warps
+    )
+    _compact[(R, cdiv(width, chunk))](
+        logits, *rows, seg_max, thresh, counts, cand[0], cand[1], stride, L, k, chunk,
+        M, levels, cap, block, num_warps=warps,
+    )  # fmt: skip
+    _select[(R,)](
+        logits, *rows, thresh, counts, cand[0], cand[1], out, stride, L, k,
+        cap, max(1, (L - 1).bit_length()), tiles.block, min(pow2(k), 4096), num_warps=select_warps,
+    )  # fmt: skip
+    return out, counts
+
+
+def _checked(logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, k: int):
+    if logits.dim() != 2 or logits.dtype != torch.float32:
+        raise ValueError(
+            f"topk: logits must be [R, L] float32, got {tuple(logits.shape)} {logits.dtype}"
+        )
+    R = logits.shape[0]
+    if starts.shape != (R,) or ends.shape != (R,):
+        raise ValueError(
+            f"topk: starts and ends must be [R]=[{R}], got {tuple(starts.shape)} and "
+            f"{tuple(ends.shape)}"
+        )
+    if k <= 0:
+        raise ValueError(f"topk: k must be positive, got {k}")
+    return logits if logits.stride(1) == 1 else logits.contiguous()
+
+
+def topk(
+    logits: torch.Tensor,  # [R, L] float32
+    starts: torch.Tensor,  # [R] int32
+    ends: torch.Tensor,  # [R] int32
+    k: int,
+    tiles: ThresholdTiles = ThresholdTiles(),
+) -> torch.Tensor:  # [R, k] int32, indices relative to starts, -1 padded
+    """Top-k positions of each row's window ``[starts[r], ends[r])`` of ``logits`` (any order).
+    Scratch: R x (M + 2 CAP) int32. ``k > MAX_K`` runs the radix kernel."""
+    logits = _checked(logits, starts, ends, k)
+    if k > MAX_K:
+        return radix_topk(logits, starts, ends, k)
+    return _run(logits, starts, ends, k, tiles)[0]
+
+
+def candidate_counts(
+    logits: torch.Tensor,  # [R, L] float32
+    starts: torch.Tensor,  # [R] int32
+    ends: torch.Tensor,  # [R] int32
+    k: int,
+    tiles: ThresholdTiles = ThresholdTiles(),
+) -> torch.Tensor:  # [R] int32, 0 for rows of at most k columns
+    """Each row's candidates (keys >= T) in :func:`topk`; above ``tiles.capacity`` the row took
+    the slow path. For benchmarks and tests."""
+    if k > MAX_K:
+        raise ValueError(f"k={k} > MAX_K={MAX_K} runs the radix kernel, which has no candidates")
+    return _run(_checked(logits, starts, ends, k), starts, ends, k, tiles)[1]
