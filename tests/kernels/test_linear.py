@@ -130,8 +130,8 @@ def test_default_tiles_split_decode_rows_across_the_device():
         assert -(-cols // tiles.block_k) >= 2 * tiles.split_k  # at least 2 K steps per range
     wide = default_tiles(8, 129280, 4096, sms)  # the LM head fills the device unsplit
     assert wide.split_k == 1
-    # At 64 rows the fp32 partials would cost as much traffic as the weight: capped.
-    assert default_tiles(DECODE_ROWS, 576, 4096, sms).split_k <= 4096 // (32 * DECODE_ROWS)
+    # At 64 rows the fp32 partials would soon cost more traffic than the weight: capped.
+    assert default_tiles(DECODE_ROWS, 576, 4096, sms).split_k <= 4096 // (8 * DECODE_ROWS)
     assert default_tiles(0, 576, 4096, sms).split_k >= 1  # no rows: any valid tiles
     prefill = default_tiles(512, 4096, 8192, sms)
     assert prefill.split_k == 1 and prefill.block_m == 128

@@ -51,8 +51,11 @@ MIN_SPLIT_STEPS = 2  # K steps each split range keeps at least
 PROGRAMS_PER_SM = 2  # decode: split K until about this many programs per SM
 # Each split range writes an fp32 partial that the sum reads back: 8 bytes per row and output
 # column, against at least 1 byte per weight element read. Splits are capped so that this
-# traffic stays under a quarter of the weight's: split <= K / (32 * M).
-PARTIAL_TRAFFIC_DIVISOR = 32
+# traffic stays under the weight's: split <= K / (8 * M). (A quarter, K / (32 M), left 64-row
+# steps on the narrow projections at 2 ranges: on the H200 kv_a [576, 4096] took 21 us at
+# split 2 and 8 us at split 8, q_a [1536, 4096] 21 and 11 us.)
+PARTIAL_TRAFFIC_DIVISOR = 8
+NARROW_N = 2048  # up to this many output columns decode tiles are 32 wide (more programs)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,11 @@ def default_tiles(m: int, n: int, k: int, num_sms: int | None) -> LinearTiles:
         return INTERPRETER_TILES
     if m > DECODE_ROWS:
         return MIDDLE_TILES if m <= 256 else PREFILL_TILES
-    tiles = replace(DECODE_TILES, block_m=16 if m <= 16 else 32 if m <= 32 else 64)
+    tiles = replace(
+        DECODE_TILES,
+        block_m=16 if m <= 16 else 32 if m <= 32 else 64,
+        block_n=32 if n <= NARROW_N else DECODE_TILES.block_n,
+    )
     return replace(tiles, split_k=split_for(tiles, m, n, k, num_sms))
 
 
