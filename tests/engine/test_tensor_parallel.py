@@ -21,7 +21,7 @@ from hwrun.engine.batch import ScheduledChunk
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.model_runner import build_model_runner
 from hwrun.engine.op_table import EngineStartupError
-from hwrun.engine.tp_runner import TensorParallelRunner
+from hwrun.engine.tp_runner import ProcessGroupRunner
 from tests.engine.tiny_checkpoints import build_tiny_model
 
 MEDIAN_REL = 2e-3
@@ -53,7 +53,7 @@ def _logits(runner, prompt: list[int]) -> torch.Tensor:
 def test_two_ranks_compute_the_single_rank_logits(checkpoint):
     prompt = torch.randint(2, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     want = _logits(build_model_runner(EngineConfig(**_flags(checkpoint))), prompt)
-    runner = TensorParallelRunner(EngineConfig(**_flags(checkpoint), tensor_parallel=2), 2)
+    runner = ProcessGroupRunner(EngineConfig(**_flags(checkpoint), tensor_parallel=2))
     try:
         assert runner.model_config.num_heads == checkpoint.config.num_attention_heads // 2
         got = _logits(runner, prompt)

@@ -28,6 +28,7 @@ ENGINE_FLAGS = (
     "no_cuda_graphs",
     "cpu_threads",
     "tensor_parallel",
+    "decode_context_parallel",
 )
 
 
@@ -96,6 +97,15 @@ def engine_flags(command: Callable[..., Any]) -> Callable[..., Any]:
             default=1,
             show_default=True,
             help="Split the model across this many local processes (one GPU each; gloo on CPU).",
+        ),
+        click.option(
+            "--decode-context-parallel-size",
+            "decode_context_parallel",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="Split the KV cache by token across this many local processes (weights "
+            "replicated; one GPU each; gloo on CPU). Not with --tensor-parallel-size > 1 yet.",
         ),
         click.option(
             "--cpu-threads",

@@ -40,6 +40,8 @@ class EngineConfig:
     # the default model 10x slower with 2 threads than with 1).
     cpu_threads: int = 1
     tensor_parallel: int = 1  # ranks (local processes) the model is split across
+    # ranks (local processes) the KV cache is split across by token; weights replicated
+    decode_context_parallel: int = 1
     allow_fallback: bool = True  # an op the platform cannot serve may run on the reference
     seed: int = 0
 
@@ -60,9 +62,23 @@ class EngineConfig:
                 f"--index-dtype {self.index_dtype!r} is not an index-key format; "
                 f"choose one of {', '.join(INDEX_DTYPES)}"
             )
-        for name in ("max_num_seqs", "max_num_batched_tokens", "cpu_threads", "tensor_parallel"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "cpu_threads"):
             if getattr(self, name) < 1:
                 reasons.append(f"--{name.replace('_', '-')} must be >= 1")
+        tp, dcp = self.tensor_parallel, self.decode_context_parallel
+        for flag, value in (
+            ("--tensor-parallel-size", tp),
+            ("--decode-context-parallel-size", dcp),
+        ):
+            if value < 1:
+                reasons.append(f"{flag} must be >= 1, got {value}")
+        if tp > 1 and dcp > 1:
+            reasons.append(
+                f"--tensor-parallel-size {tp} with --decode-context-parallel-size {dcp}: the "
+                "built-in engine splits heads (TP) or the KV cache by token (DCP), not both at "
+                "once yet; set one of them to 1 (hwrun serve --engine vllm runs vLLM's DCP, "
+                "carved out of its TP group)"
+            )
         for name in ("max_model_len", "num_kv_tokens", "kv_cache_memory"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hwrun.engine.context_parallel import ContextShard
 from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
 from hwrun.engine.op_table import ModelFormats, OpTable
 from hwrun.engine.rope import RotaryEmbedding, rotate_halves, rotate_interleaved
@@ -87,11 +88,15 @@ class DeepseekV32:
         cache: torch.Tensor,  # [num_blocks, row_bytes] uint8 from allocate_cache
         batch_invariant: bool = False,
         all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        context: ContextShard | None = None,
     ):
         self.config, self.weights, self.ops, self.formats = config, weights, ops, formats
         # Under tensor parallelism ``config`` and ``weights`` are this rank's shard, and the
         # partial outputs of attention and of the MLP are summed across ranks here.
         self.all_reduce = all_reduce or (lambda x: x)
+        # Under decode context parallelism ``cache`` holds this rank's tokens only; ``context``
+        # joins the ranks' attention (see context_parallel.py). Default: every token is here.
+        self.context = context or ContextShard()
         self.layout = layout
         self.row_by_row = batch_invariant
         self.latent_views = [latent_view(cache, layout, i) for i in range(config.num_layers)]
@@ -180,11 +185,20 @@ class DeepseekV32:
         block_size = self.layout.block_size
         blocks, offsets = p.context_slots // block_size, p.context_slots % block_size
         elements, scales = self.index_format.split_pages(self.index_views[index], block_size)
+        # This rank's stored rows of the context; under DCP the ranks' rows, gathered.
+        keys, key_scales, latent_rows = self.context.gather(
+            [
+                elements[blocks, offsets],
+                scales[blocks, offsets],
+                self.latent_views[index][blocks, offsets],
+            ],
+            p,
+        )
         logits = self.ops["indexer.logits_ragged"](
             q_index,
             index_weights,
-            elements[blocks, offsets],
-            scales[blocks, offsets],
+            keys,
+            key_scales,
             self.formats.index_format,
             p.key_starts,
             p.key_ends,
@@ -194,7 +208,7 @@ class DeepseekV32:
         )
         # topk counts from each row's start; the workspace holds every chunk's context in turn.
         workspace_rows = torch.where(positions >= 0, positions + p.key_starts[:, None], -1)
-        workspace = self.latent_format.decode(self.latent_views[index][blocks, offsets])
+        workspace = self.latent_format.decode(latent_rows)
         out, _ = self.ops["sparse_mla.prefill"](
             q_mla, workspace, workspace_rows.to(torch.int32), self.config.softmax_scale
         )
@@ -202,25 +216,27 @@ class DeepseekV32:
 
     def _decode_attention(self, index, q_mla, q_index, index_weights, d: DecodeRows):
         batch = q_mla.shape[0]
+        # Positions below are this rank's local ones (under DCP: its tokens only).
+        local_lens, local_max = self.context.local_lengths(d.context_lens, d.max_context)
         logits = self.ops["indexer.logits_paged"](
             q_index.unsqueeze(1),
             index_weights,
             self.index_views[index],
             self.formats.index_format,
             d.block_table,
-            d.context_lens.unsqueeze(1),
-            d.max_context,
+            local_lens.unsqueeze(1),
+            local_max,
         )
-        starts = torch.zeros_like(d.context_lens)
-        positions = self.ops["indexer.topk"](logits, starts, d.context_lens, self.config.index_topk)
+        positions = self.context.select(self.ops, logits, d.context_lens, self.config.index_topk)
         slots = self.ops["indexer.to_slots"](positions, d.block_table, self.layout.block_size)
-        out, _ = self.ops["sparse_mla.decode"](
+        out, lse = self.ops["sparse_mla.decode"](
             q_mla.view(batch, 1, *q_mla.shape[1:]),
             self.latent_views[index],
             self.formats.latent_format,
             slots.view(batch, 1, -1),
             self.config.softmax_scale,
         )
+        out = self.context.combine(self.ops, out, lse)
         return out.view(batch, *out.shape[2:])
 
     # -- MLP ----------------------------------------------------------------------------------

@@ -4,6 +4,10 @@
 the platform's Target, loads the weights onto its device, plans the packed KV layout with hwrun's
 planner (one block = one row of every layer's latent and index-key pages), sizes and allocates the
 pool, and resolves every op for the model's real shapes (failing closed with every reason).
+
+Under decode context parallelism (``context``, see context_parallel.py) each rank's pool holds
+its share of every request's tokens, and the scheduler's blocks are every rank's blocks of the
+same number together (``W * block_size`` tokens).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from hwrun import knobs
 from hwrun.engine.batch import ChunkLogits, ScheduledChunk
 from hwrun.engine.block_tables import BlockTables
 from hwrun.engine.config import EngineConfig
+from hwrun.engine.context_parallel import ContextShard
 from hwrun.engine.cuda_graphs import DecodeGraphs, graph_blockers
 from hwrun.engine.model import DecodeRows, DeepseekV32, PrefillRows, StepMetadata
 from hwrun.engine.model_config import ModelConfig, parse_model_config, read_config_json
@@ -76,7 +81,9 @@ class ModelRunner:
         self.graphs, self.cuda_graphs_status = graphs, graphs_status
         self.cpu_threads = cpu_threads
         self.ops, self.platform = ops, platform
-        self.block_size = pool.layout.block_size
+        self.context = model.context
+        self.local_block_size = pool.layout.block_size  # tokens per block of this rank's pool
+        self.block_size = self.context.scheduler_block_size(self.local_block_size)
         self.num_blocks = pool.num_blocks
         self.max_model_len = max_model_len
         self.vocab_size = model_config.vocab_size
@@ -119,7 +126,7 @@ class ModelRunner:
 
     def _replay(self, chunks: list[ScheduledChunk]) -> list[ChunkLogits]:
         for chunk in chunks:
-            self._check(chunk)
+            self.check(chunk)
         bs = self.block_size
         self.block_tables.fill(chunks, bs, self.graphs.host_tables(len(chunks)))
         logits = self.graphs.run(
@@ -132,25 +139,25 @@ class ModelRunner:
     def _metadata(
         self, chunks: list[ScheduledChunk]
     ) -> tuple[StepMetadata, list[tuple[int, int] | None]]:
-        bs = self.block_size
+        bs, local_bs = self.block_size, self.local_block_size
         ids, positions, slots, logit_rows, spans = [], [], [], [], []
         decode_rows, decode_chunks, decode_lens = [], [], []
         prefill_rows, context_runs, key_starts, key_ends = [], [], [], []
         run_start = 0
         for chunk in chunks:
-            self._check(chunk)
+            self.check(chunk)
             first_row = len(ids)
             chunk_positions = range(chunk.start, chunk.end)
             ids.extend(chunk.token_ids)
             positions.extend(chunk_positions)
-            slots.extend(chunk.slot(p, bs) for p in chunk_positions)
+            slots.extend(self.context.write_slot(chunk, p, local_bs) for p in chunk_positions)
             rows = range(first_row, len(ids))
             if chunk.is_decode:
                 decode_rows.append(first_row)
                 decode_chunks.append(chunk)
                 decode_lens.append(chunk.end)
             else:
-                context_runs.append(_context_slots(chunk, bs))
+                context_runs.append(self.context.context_slots(chunk, local_bs))
                 prefill_rows.extend(rows)
                 key_starts.extend([run_start] * len(rows))
                 key_ends.extend(run_start + p + 1 for p in chunk_positions)
@@ -197,7 +204,8 @@ class ModelRunner:
         )
         return meta, spans
 
-    def _check(self, chunk: ScheduledChunk) -> None:
+    def check(self, chunk: ScheduledChunk) -> None:
+        """Raise ValueError when ``chunk`` cannot run here (before anything is computed)."""
         if not chunk.token_ids:
             raise ValueError(f"sequence {chunk.seq_id}: a scheduled chunk must hold tokens")
         if chunk.end > self.max_model_len:
@@ -222,18 +230,16 @@ class ModelRunner:
             )
 
 
-def _context_slots(chunk: ScheduledChunk, block_size: int) -> torch.Tensor:  # [end] int64
-    """The cache slots of positions ``0 .. chunk.end - 1`` (vectorized: a prefill chunk late
-    in a long prompt gathers its whole context)."""
-    positions = torch.arange(chunk.end)
-    blocks = torch.tensor(chunk.block_table[: -(-chunk.end // block_size)], dtype=torch.int64)
-    return blocks[positions // block_size] * block_size + positions % block_size
-
-
-def _pool_blocks(config: EngineConfig, layout: PackedLayout, max_model_len: int) -> int:
-    per_sequence = -(-max_model_len // layout.block_size)
+def _pool_blocks(config: EngineConfig, layout: PackedLayout, max_model_len: int, world: int) -> int:
+    """Blocks of each rank's pool. Under DCP (``world`` ranks) a request of L tokens takes
+    ``ceil(ceil(L / W) / block_size)`` blocks on every rank (kv.capacity.rows_per_request), so
+    ``--num-kv-tokens`` counts the whole group's tokens, and ``--kv-cache-memory`` is each
+    rank's pool. (The row itself does not change with DCP: it is planned at TP1 DCP1, since
+    hwrun's planner models vLLM's DCP carved out of a TP group, which the engine's is not.)"""
+    group_block = layout.block_size * world
+    per_sequence = -(-max_model_len // group_block)
     if config.num_kv_tokens is not None:
-        return -(-config.num_kv_tokens // layout.block_size)
+        return -(-config.num_kv_tokens // group_block)
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory // layout.row_bytes
     wanted = config.max_num_seqs * per_sequence
@@ -241,12 +247,16 @@ def _pool_blocks(config: EngineConfig, layout: PackedLayout, max_model_len: int)
 
 
 def build_model_runner(
-    config: EngineConfig, plugins: PluginSet | None = None, shard: TensorShard | None = None
+    config: EngineConfig,
+    plugins: PluginSet | None = None,
+    shard: TensorShard | None = None,
+    context: ContextShard | None = None,
 ) -> ModelRunner:
     """Start the engine's model side for ``config``; raises EngineStartupError (every reason).
 
     ``shard``: this process's rank of a tensor-parallel group (see ``tp_runner``); None runs the
-    whole model here.
+    whole model here. ``context``: this process's rank of a decode-context-parallel group
+    (a ``TokenShardedContext``); None keeps every token here.
     """
     problems = config.problems()
     if problems:
@@ -258,7 +268,13 @@ def build_model_runner(
     platform = plugins.choose_platform(config.platform)
     target = plugins.target(platform)
     shard = shard or TensorShard()
-    device = torch.device(config.device or target.torch_device(shard.rank))
+    context = context or ContextShard()
+    if shard.world > 1 and context.world > 1:
+        raise EngineStartupError(
+            "the engine options cannot run",
+            ["a rank cannot be in a tensor-parallel and a decode-context-parallel group at once"],
+        )
+    device = torch.device(config.device or target.torch_device(max(shard.rank, context.rank)))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     max_model_len = config.max_model_len or model_config.max_position_embeddings
 
@@ -266,12 +282,14 @@ def build_model_runner(
         raw_config, str(model_dir), config.kv_cache_dtype, config.index_dtype
     )
     layout = plan_packed_layout(spec, block_size=BLOCK_SIZE)
-    num_blocks = _pool_blocks(config, layout, max_model_len)
+    num_blocks = _pool_blocks(config, layout, max_model_len, context.world)
     reasons = kernel_id_reasons(layout, num_blocks)
-    if num_blocks * layout.block_size < max_model_len:
+    group_block = context.scheduler_block_size(layout.block_size)
+    if num_blocks * group_block < max_model_len:
+        per_rank = "" if context.world == 1 else f" on each of {context.world} DCP ranks"
         reasons.append(
-            f"a pool of {num_blocks} blocks of {layout.block_size} tokens cannot hold one "
-            f"sequence of max_model_len {max_model_len}; raise --num-kv-tokens / "
+            f"a pool of {num_blocks} blocks{per_rank} ({group_block} tokens each) cannot hold "
+            f"one sequence of max_model_len {max_model_len}; raise --num-kv-tokens / "
             f"--kv-cache-memory (a block is {layout.row_bytes} B) or lower --max-model-len"
         )
     if reasons:
@@ -293,7 +311,7 @@ def build_model_runner(
         block_size=layout.block_size,
     )
     arch = target.arch if device.type == target.device_type else None
-    specs = engine_op_specs(model_config, formats, device.type, arch)
+    specs = engine_op_specs(model_config, formats, device.type, arch, context.world)
     ops = resolve_ops(
         plugins.registry(platform),
         specs,
@@ -311,6 +329,7 @@ def build_model_runner(
         pool.cache,
         config.batch_invariant,
         shard.all_reduce,
+        context,
     )
     graphs, status = _decode_graphs(config, model, ops, device, max_model_len, layout.block_size)
     return ModelRunner(
@@ -331,6 +350,9 @@ def _decode_graphs(
         return None, "off (--no-cuda-graphs)"
     if device.type != "cuda":
         return None, f"off (the model runs on {device.type!r}, not CUDA)"
+    if model.context.world > 1:
+        # the top-k merge decides its rounds on the host from the data: not capturable
+        return None, "off (decode context parallelism: the top-k merge syncs with the host)"
     blockers = graph_blockers(ops)
     if blockers:
         return None, "off: " + "; ".join(blockers)

@@ -16,7 +16,7 @@ from typing import Any
 from hwrun.engine.model_config import ModelConfig
 from hwrun.errors import ReasonsError, UnsupportedError
 from hwrun.ops.indexer import INDEX_HEAD_DIM
-from hwrun.ops.sparse_mla import QK_DIM
+from hwrun.ops.sparse_mla import QK_DIM, V_DIM
 from hwrun.registry import OpRegistry, OpSpec, Selection
 
 # Every op the DeepseekV32 graph calls, in the order a layer calls them.
@@ -31,6 +31,7 @@ ENGINE_OPS: tuple[str, ...] = (
     "sparse_mla.decode",
     "moe.route",
     "moe.experts",
+    "attn.lse_combine",  # under decode context parallelism only: the ranks' partial attention
 )
 
 
@@ -61,9 +62,14 @@ class ModelFormats:
 
 
 def engine_op_specs(
-    config: ModelConfig, formats: ModelFormats, device_type: str, arch: str | None
+    config: ModelConfig,
+    formats: ModelFormats,
+    device_type: str,
+    arch: str | None,
+    decode_context_parallel: int = 1,
 ) -> list[OpSpec]:
-    """One spec per engine op, with the model's real shapes and formats on the device."""
+    """One spec per engine op, with the model's real shapes and formats on the device (with
+    ``decode_context_parallel`` > 1, also the merge of the ranks' partial attention)."""
     common = {"device_type": device_type, "arch": arch}
     index = {"formats": (formats.index_format,), "head_dim": INDEX_HEAD_DIM}
     attention = {"num_heads": config.num_heads, "head_dim": QK_DIM, "topk": config.index_topk}
@@ -83,6 +89,11 @@ def engine_op_specs(
         OpSpec("moe.experts", formats.dtype, (formats.expert_format, "bf16"),
                topk=config.num_experts_per_tok),
     ]  # fmt: skip
+    if decode_context_parallel > 1:
+        # dcp.lse_combine merges the ranks' parts in fp32 (they travel as one fp32 tensor)
+        specs.append(
+            OpSpec("attn.lse_combine", "float32", num_heads=config.num_heads, head_dim=V_DIM)
+        )
     return [replace(spec, **common) for spec in specs]
 
 
