@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context", type=int, nargs="+", default=[32768, 131072])
     parser.add_argument("--kv-cache-dtype", default="fp8_ds_mla")
     parser.add_argument("--index-dtype", default="fp8")
+    parser.add_argument(
+        "--index-query-dtype", default="fp8", help="fp8 as DeepSeek's inference code (DeepGEMM)"
+    )
     parser.add_argument("--topk", type=int, default=None, help="override index_topk (0: dense)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--no-cuda-graphs", action="store_true")
@@ -225,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
                 platform=args.platform,
                 kv_cache_dtype=args.kv_cache_dtype,
                 index_dtype=args.index_dtype,
+                index_query_dtype=args.index_query_dtype,
                 max_model_len=context + args.steps + 4,
                 max_num_seqs=max(args.batch),
                 num_kv_tokens=tokens,

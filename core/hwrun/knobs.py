@@ -28,6 +28,10 @@ KNOBS: dict[str, str] = {
     "interpret mode; 'tpu' in its TPU interpret mode, which also emulates the TPU's memories "
     "and DMAs and raises on out-of-bounds reads (slower). 0 or unset (default): they serve TPU "
     "devices only. Any other value is refused.",
+    "HWRUN_TORCH_COMPILE": "1 (default; also true, yes, on): on CUDA the engine fuses the "
+    "model's plain-torch pieces between op calls (norms, RoPE, concatenations) with "
+    "torch.compile, compiled once when the engine starts. 0 (also false, no, off): they run "
+    "eagerly. Any other value is refused. Never on CPU or in batch-invariant mode.",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
     "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "
     "(slow: for CI and debugging; vendor-library adapters still need their device). Triton reads "
@@ -96,6 +100,10 @@ def api_key() -> str | None:
 
 def vllm_executable() -> str | None:
     return os.environ.get("HWRUN_VLLM", "").strip() or None
+
+
+def torch_compile() -> bool:
+    return _strict_flag("HWRUN_TORCH_COMPILE", True)
 
 
 def triton_interpret() -> bool:

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 PROMPT = 150  # three 64-token blocks
 DECODE_FROM = 120
-FORMATS = [("bf16", "bf16"), ("fp8_ds_mla", "fp8")]
+FORMATS = [("bf16", "bf16", "bf16"), ("fp8_ds_mla", "fp8", "bf16"), ("fp8_ds_mla", "fp8", "fp8")]
 # nvidia against the reference ops on the same GPU, both with bf16 activations. The attention
 # kernels multiply P and V in bf16 (as FlashMLA does; the reference in fp32), and this random,
 # unnormalised model amplifies activation errors into the logits. Measured on the H200
@@ -105,13 +105,14 @@ def _ablation(runner, prompt: list[int], want: torch.Tensor) -> dict[str, float]
     return medians
 
 
-@pytest.mark.parametrize(("latent", "index"), FORMATS)
-def test_gpu_logits_match_the_reference(plugins, checkpoint, latent, index):
+@pytest.mark.parametrize(("latent", "index", "query"), FORMATS)
+def test_gpu_logits_match_the_reference(plugins, checkpoint, latent, index, query):
     """The NVIDIA platform's impls against the reference ops on the same GPU in the same dtype
     (bf16 activations), and both against the CPU reference run (fp32 activations)."""
     prompt = _prompt(checkpoint.config.vocab_size)
     flags = dict(model=str(checkpoint.path), num_kv_tokens=16 * 64, max_model_len=1024)
-    flags |= dict(kv_cache_dtype=latent, index_dtype=index, cuda_graphs=False)
+    flags |= dict(kv_cache_dtype=latent, index_dtype=index, index_query_dtype=query)
+    flags |= dict(cuda_graphs=False)
     cpu = _runner(plugins, platform="reference", **flags)
     gpu_reference = _runner(plugins, platform="reference", device="cuda", **flags)
     gpu = _runner(plugins, platform="nvidia", **flags)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from hwrun.engine.config import INDEX_DTYPES, LATENT_DTYPES
+from hwrun.engine.config import INDEX_DTYPES, INDEX_QUERY_DTYPES, LATENT_DTYPES
 
 ENGINE_FLAGS = (
     "model",
@@ -17,6 +17,7 @@ ENGINE_FLAGS = (
     "device",
     "kv_cache_dtype",
     "index_dtype",
+    "index_query_dtype",
     "max_model_len",
     "max_num_seqs",
     "max_num_batched_tokens",
@@ -59,6 +60,14 @@ def engine_flags(command: Callable[..., Any]) -> Callable[..., Any]:
             default="bf16",
             show_default=True,
             help="Format of the indexer's cached keys.",
+        ),
+        click.option(
+            "--index-query-dtype",
+            type=click.Choice(INDEX_QUERY_DTYPES),
+            default="bf16",
+            show_default=True,
+            help="The indexer's queries: bf16 (as transformers), or fp8 with a per-head scale "
+            "(as DeepSeek's inference code; DeepGEMM's logits kernels need it).",
         ),
         click.option(
             "--max-model-len",

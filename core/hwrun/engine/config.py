@@ -7,6 +7,7 @@ from pathlib import Path
 
 LATENT_DTYPES = ("bf16", "fp8_ds_mla", "nvfp4_ds_mla")
 INDEX_DTYPES = ("bf16", "fp8", "mxfp4")
+INDEX_QUERY_DTYPES = ("bf16", "fp8")
 
 
 def default_model_dir() -> Path:
@@ -27,6 +28,10 @@ class EngineConfig:
     device: str | None = None  # torch device; None: the Target's
     kv_cache_dtype: str = "bf16"  # latent format
     index_dtype: str = "bf16"  # index-key format
+    # The indexer's queries: "bf16" as transformers computes them, or "fp8" (e4m3, one scale
+    # per token and head folded into the head weights) as DeepSeek's inference code does, which
+    # DeepGEMM's logits kernels need.
+    index_query_dtype: str = "bf16"
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
@@ -61,6 +66,11 @@ class EngineConfig:
             reasons.append(
                 f"--index-dtype {self.index_dtype!r} is not an index-key format; "
                 f"choose one of {', '.join(INDEX_DTYPES)}"
+            )
+        if self.index_query_dtype not in INDEX_QUERY_DTYPES:
+            reasons.append(
+                f"--index-query-dtype {self.index_query_dtype!r} is not an indexer query dtype; "
+                f"choose one of {', '.join(INDEX_QUERY_DTYPES)}"
             )
         for name in ("max_num_seqs", "max_num_batched_tokens", "cpu_threads"):
             if getattr(self, name) < 1:

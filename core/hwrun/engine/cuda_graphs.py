@@ -19,6 +19,7 @@ from hwrun.engine.model import DecodeRows, DeepseekV32, StepMetadata
 from hwrun.engine.op_table import OpTable
 
 DECODE_OPS = (
+    "dense.linear",
     "kv.write_latent",
     "kv.write_index_keys",
     "indexer.logits_paged",

@@ -31,10 +31,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hwrun import knobs
 from hwrun.engine.context_parallel import ContextShard
+from hwrun.engine.fused import ModelFunctions
 from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
 from hwrun.engine.op_table import ModelFormats, OpTable
-from hwrun.engine.rope import RotaryEmbedding, rotate_halves, rotate_interleaved
+from hwrun.engine.rope import RotaryEmbedding
 from hwrun.engine.weights import AttentionWeights, DenseMLPWeights, ModelWeights, MoEWeights
 from hwrun.formats.index_keys import get_index_key_format
 from hwrun.formats.latent import get_latent_format
@@ -105,17 +107,25 @@ class DeepseekV32:
         self.index_format = get_index_key_format(formats.index_format)
         self.rotary = RotaryEmbedding(config.rope, cache.device)
         self.dtype = weights.embed.dtype
+        self.fn = ModelFunctions(
+            compiled=cache.device.type == "cuda" and not batch_invariant and knobs.torch_compile()
+        )
 
     @torch.inference_mode()
     def forward(self, meta: StepMetadata) -> torch.Tensor:  # [R, V] float32
         h = self.weights.embed[meta.input_ids]
         cos, sin = self.rotary.cos_sin(meta.positions, self.dtype)
-        for index, layer in enumerate(self.weights.layers):
-            x = self._rms_norm(h, layer.input_norm, self.config.rms_norm_eps)
-            h = h + self.all_reduce(self._attention(index, layer.attention, x, cos, sin, meta))
-            x = self._rms_norm(h, layer.post_attention_norm, self.config.rms_norm_eps)
-            h = h + self.all_reduce(self._mlp(layer.mlp, x))
-        h = self._rms_norm(h[meta.logit_rows], self.weights.final_norm, self.config.rms_norm_eps)
+        layers, eps = self.weights.layers, self.config.rms_norm_eps
+        x = self._rms_norm(h, layers[0].input_norm, eps)
+        for index, layer in enumerate(layers):
+            attention = self.all_reduce(self._attention(index, layer.attention, x, cos, sin, meta))
+            h, x = self._add_rms_norm(h, attention, layer.post_attention_norm, eps)
+            mlp = self.all_reduce(self._mlp(layer.mlp, x))
+            if index + 1 < len(layers):  # the residual add fused with the next layer's norm
+                h, x = self._add_rms_norm(h, mlp, layers[index + 1].input_norm, eps)
+            else:
+                h = h + mlp
+        h = self._rms_norm(h[meta.logit_rows], self.weights.final_norm, eps)
         return self.weights.lm_head(h, self.row_by_row).float()
 
     # -- attention --------------------------------------------------------------------------
@@ -135,11 +145,14 @@ class DeepseekV32:
         q = w.q_b_proj(q_resid, self.row_by_row).view(tokens, c.num_heads, c.qk_head_dim)
         q_nope, q_rope = q.split([c.qk_nope_head_dim, ROPE_DIM], dim=-1)
         q_latent = self._per_head(q_nope, w.w_uk, transpose=False)  # [T, H, 512]
-        q_mla = torch.cat([q_latent, rotate_interleaved(q_rope, cos, sin)], dim=-1)
+        q_mla = self.fn.mla_query(q_latent, q_rope, cos, sin)
 
-        compressed = w.kv_a_proj(x, self.row_by_row)
-        latent = self._rms_norm(compressed[:, :LATENT_RANK], w.kv_a_norm, NORM_EPS)
-        k_rope = rotate_interleaved(compressed[:, LATENT_RANK:], cos, sin)
+        latent, k_rope = self._rows(
+            lambda rows, c, s: self.fn.latent_and_key_rope(rows, w.kv_a_norm, c, s, NORM_EPS),
+            w.kv_a_proj(x, self.row_by_row),
+            cos,
+            sin,
+        )
         self.ops["kv.write_latent"](
             self.latent_views[index], latent, k_rope, meta.slots, self.formats.latent_format
         )
@@ -167,18 +180,27 @@ class DeepseekV32:
         """The indexer's query [T, Hi, 128], head weights [T, Hi] fp32 and key [T, 128]."""
         ix, tokens = w.indexer, x.shape[0]
         q = ix.wq_b(q_resid, self.row_by_row).view(tokens, self.config.index_n_heads, -1)
-        q = torch.cat([rotate_halves(q[..., :ROPE_DIM], cos, sin), q[..., ROPE_DIM:]], dim=-1)
         k = self._rows(
-            lambda rows: F.layer_norm(
-                rows, (INDEX_HEAD_DIM,), ix.k_norm_weight, ix.k_norm_bias, NORM_EPS
+            lambda rows, c, s: self.fn.index_key(
+                rows, ix.k_norm_weight, ix.k_norm_bias, c, s, NORM_EPS
             ),
             ix.wk(x, self.row_by_row),
+            cos,
+            sin,
         )
-        k = torch.cat([rotate_halves(k[:, :ROPE_DIM], cos, sin), k[:, ROPE_DIM:]], dim=-1)
         # The score's scales (head count and softmax) are part of the weights, as the contract
         # says: w * relu(q . k) == w * relu(q . k * s) / s for s > 0.
         scale = self.config.index_n_heads**-0.5 * INDEX_HEAD_DIM**-0.5
         weights = ix.weights_proj(x.float(), self.row_by_row) * scale
+        q, weights = self._rows(
+            lambda rows, w_rows, c, s: self.fn.index_query(
+                rows, w_rows, c, s, self.formats.index_query_fp8
+            ),
+            q,
+            weights,
+            cos,
+            sin,
+        )
         return q, weights, k
 
     def _prefill_attention(self, index, q_mla, q_index, index_weights, p: PrefillRows):
@@ -264,19 +286,24 @@ class DeepseekV32:
 
     # -- plain torch helpers --------------------------------------------------------------------
 
-    def _rows(self, fn, x: torch.Tensor) -> torch.Tensor:
-        """``fn`` over the rows of ``x``: all at once, or one at a time (batch-invariant)."""
-        if not self.row_by_row or x.shape[0] <= 1:
-            return fn(x)
-        return torch.cat([fn(x[i : i + 1]) for i in range(x.shape[0])])
+    def _rows(self, fn, *xs: torch.Tensor):
+        """``fn`` over the rows of ``xs`` (same leading size): all at once, or one row of each
+        at a time (batch-invariant), the results (a tensor or a tuple of them) concatenated."""
+        if not self.row_by_row or xs[0].shape[0] <= 1:
+            return fn(*xs)
+        parts = [fn(*(x[i : i + 1] for x in xs)) for i in range(xs[0].shape[0])]
+        if isinstance(parts[0], tuple):
+            return tuple(torch.cat(column) for column in zip(*parts, strict=True))
+        return torch.cat(parts)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        def norm(rows: torch.Tensor) -> torch.Tensor:
-            xf = rows.float()
-            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-            return weight * xf.to(rows.dtype)
+        return self._rows(lambda rows: self.fn.rms_norm(rows, weight, eps), x)
 
-        return self._rows(norm, x)
+    def _add_rms_norm(self, h, delta, weight, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.row_by_row:
+            h = h + delta
+            return h, self._rms_norm(h, weight, eps)
+        return self.fn.add_rms_norm(h, delta, weight, eps)
 
     def _per_head(self, x: torch.Tensor, w: torch.Tensor, transpose: bool) -> torch.Tensor:
         """Per-head products: ``x [T, H, a] @ w[h] [a, b]`` (``w [H, a, b]``), or with

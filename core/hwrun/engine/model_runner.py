@@ -35,7 +35,12 @@ from hwrun.engine.op_table import (
     resolve_ops,
 )
 from hwrun.engine.tensor_parallel import shard_config, shard_weights, tp_reasons
-from hwrun.engine.weights import MoEWeights, load_weights
+from hwrun.engine.weights import (
+    MoEWeights,
+    bind_linears,
+    load_weights,
+    quantized_linear_formats,
+)
 from hwrun.kv.layout import PackedLayout, plan_packed_layout
 from hwrun.kv.views import allocate_cache, kernel_id_reasons
 from hwrun.models.hf_config import spec_from_hf_config
@@ -298,7 +303,8 @@ def build_model_runner(
     weights = load_weights(model_dir, model_config, device, dtype)
     moe = [layer.mlp for layer in weights.layers if isinstance(layer.mlp, MoEWeights)]
     expert_format = moe[0].w13.format if moe else "bf16"
-    reasons = tp_reasons(model_config, shard.world, expert_format)
+    linear_formats = quantized_linear_formats(weights)
+    reasons = tp_reasons(model_config, shard.world, expert_format, linear_formats)
     if reasons:
         raise EngineStartupError(f"{model_dir} cannot run with --tp {shard.world}", reasons)
     weights = shard_weights(weights, model_config, shard.rank, shard.world)
@@ -309,6 +315,8 @@ def build_model_runner(
         index_format=config.index_dtype,
         expert_format=expert_format,
         block_size=layout.block_size,
+        index_query_fp8=config.index_query_dtype == "fp8",
+        linear_formats=linear_formats,
     )
     arch = target.arch if device.type == target.device_type else None
     specs = engine_op_specs(model_config, formats, device.type, arch, context.world)
@@ -319,6 +327,7 @@ def build_model_runner(
         what=f"{model_dir.name} on platform {platform!r}",
         batch_invariant=config.batch_invariant,
     )
+    weights = bind_linears(weights, ops, dtype)
     pool = KVPool(layout, num_blocks, allocate_cache(layout, num_blocks, device))
     model = DeepseekV32(
         model_config,

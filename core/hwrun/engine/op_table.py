@@ -21,6 +21,7 @@ from hwrun.registry import OpRegistry, OpSpec, Selection
 
 # Every op the DeepseekV32 graph calls, in the order a layer calls them.
 ENGINE_OPS: tuple[str, ...] = (
+    "dense.linear",  # with block-FP8 projections only: the linears kept in FP8
     "kv.write_latent",
     "kv.write_index_keys",
     "indexer.logits_ragged",
@@ -59,6 +60,12 @@ class ModelFormats:
     index_format: str
     expert_format: str  # moe.experts weight format
     block_size: int
+    index_query_fp8: bool = False  # the indexer's queries in e4m3 (else the activation dtype)
+    linear_formats: tuple[str, ...] = ()  # dense.linear weight formats (block-FP8 projections)
+
+    @property
+    def index_query_dtype(self) -> str:
+        return "float8_e4m3fn" if self.index_query_fp8 else self.dtype
 
 
 def engine_op_specs(
@@ -77,8 +84,9 @@ def engine_op_specs(
         OpSpec("kv.write_latent", formats.dtype, (formats.latent_format,),
                block_size=formats.block_size),
         OpSpec("kv.write_index_keys", formats.dtype, block_size=formats.block_size, **index),
-        OpSpec("indexer.logits_ragged", formats.dtype, num_heads=config.index_n_heads, **index),
-        OpSpec("indexer.logits_paged", formats.dtype, num_heads=config.index_n_heads,
+        OpSpec("indexer.logits_ragged", formats.index_query_dtype,
+               num_heads=config.index_n_heads, **index),
+        OpSpec("indexer.logits_paged", formats.index_query_dtype, num_heads=config.index_n_heads,
                block_size=formats.block_size, **index),
         OpSpec("indexer.topk", "float32", topk=config.index_topk),
         OpSpec("indexer.to_slots", block_size=formats.block_size, topk=config.index_topk),
@@ -89,6 +97,8 @@ def engine_op_specs(
         OpSpec("moe.experts", formats.dtype, (formats.expert_format, "bf16"),
                topk=config.num_experts_per_tok),
     ]  # fmt: skip
+    if formats.linear_formats:
+        specs.insert(0, OpSpec("dense.linear", formats.dtype, formats.linear_formats))
     if decode_context_parallel > 1:
         # dcp.lse_combine merges the ranks' parts in fp32 (they travel as one fp32 tensor)
         specs.append(

@@ -33,8 +33,11 @@ from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 SPLITTABLE = ("bf16", "fp8_block128", "fp8_block128_ue8m0")
 
 
-def tp_reasons(config: ModelConfig, world: int, expert_format: str) -> list[str]:
-    """Every reason ``config`` cannot be split across ``world`` ranks."""
+def tp_reasons(
+    config: ModelConfig, world: int, expert_format: str, linear_formats: tuple[str, ...] = ()
+) -> list[str]:
+    """Every reason ``config`` cannot be split across ``world`` ranks (``linear_formats``: those
+    of the dense linears kept quantized, see ``weights.quantized_linear_formats``)."""
     if world == 1:
         return []
     reasons = []
@@ -52,6 +55,20 @@ def tp_reasons(config: ModelConfig, world: int, expert_format: str) -> list[str]
             f"block-FP8 experts split {world} ways need moe_intermediate_size / tp to be a "
             f"multiple of {FP8_BLOCK}, got {config.moe_intermediate_size // world}"
         )
+    if any(fmt != "bf16" for fmt in linear_formats) and not reasons:
+        heads = config.num_heads // world
+        widths = {
+            "q_b_proj rows (heads x qk_head_dim)": heads * config.qk_head_dim,
+            "o_proj columns (heads x v_head_dim)": heads * config.v_head_dim,
+        }
+        if not all(config.moe_layers):
+            widths["dense MLP width (intermediate_size / tp)"] = config.intermediate_size // world
+        reasons += [
+            f"block-FP8 projections split {world} ways need each rank's {what} to be a multiple "
+            f"of {FP8_BLOCK} (whole scale tiles), got {width}"
+            for what, width in widths.items()
+            if width % FP8_BLOCK
+        ]
     return reasons
 
 
@@ -81,11 +98,20 @@ def _part(size: int, rank: int, world: int) -> slice:
 
 
 def _rows(linear: Linear, part: slice) -> Linear:
-    return Linear(linear.weight[part].contiguous())
+    w = linear.weight
+    if isinstance(w, QuantizedWeight):
+        scales = None if w.scales is None else w.scales[_tiles(part, True)].contiguous()
+        shape = (part.stop - part.start, w.shape[1])
+        w = QuantizedWeight(w.format, shape, w.data[part].contiguous(), scales, name=w.name)
+        return replace(linear, weight=w)
+    return replace(linear, weight=w[part].contiguous())
 
 
 def _cols(linear: Linear, part: slice) -> Linear:
-    return Linear(linear.weight[:, part].contiguous())
+    w = linear.weight
+    if isinstance(w, QuantizedWeight):
+        return replace(linear, weight=_down_cols_part(w, part, w.name))
+    return replace(linear, weight=w[:, part].contiguous())
 
 
 def _shard_layer(layer: LayerWeights, config: ModelConfig, rank: int, world: int) -> LayerWeights:
@@ -126,10 +152,11 @@ def _shard_moe(mlp: MoEWeights, rank: int, world: int) -> MoEWeights:
 
 
 def _tiles(part: slice, scaled: bool) -> slice:
-    """The rows (or columns) of a block-FP8 weight's scales that cover ``part``."""
+    """The rows (or columns) of a block-FP8 weight's scales that cover ``part`` (which starts
+    on a tile boundary: tp_reasons checks it)."""
     if not scaled:
         return part
-    return slice(part.start // FP8_BLOCK, part.stop // FP8_BLOCK)
+    return slice(part.start // FP8_BLOCK, -(-part.stop // FP8_BLOCK))
 
 
 def _gate_up_rows(w: QuantizedWeight, rank: int, world: int) -> QuantizedWeight:
@@ -151,8 +178,11 @@ def _gate_up_rows(w: QuantizedWeight, rank: int, world: int) -> QuantizedWeight:
 
 def _down_cols(w: QuantizedWeight, rank: int, world: int) -> QuantizedWeight:
     """``[.., R, I]`` -> this rank's slice of the I columns."""
-    part = _part(w.shape[-1], rank, world)
+    return _down_cols_part(w, _part(w.shape[-1], rank, world), f"{w.name}[tp{rank}]")
+
+
+def _down_cols_part(w: QuantizedWeight, part: slice, name: str) -> QuantizedWeight:
     data = w.data[..., part].contiguous()
     scales = None if w.scales is None else w.scales[..., _tiles(part, True)].contiguous()
     shape = (*w.shape[:-1], part.stop - part.start)
-    return QuantizedWeight(w.format, shape, data, scales, name=f"{w.name}[tp{rank}]")
+    return QuantizedWeight(w.format, shape, data, scales, name=name)

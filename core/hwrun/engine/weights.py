@@ -8,7 +8,11 @@ read as well.
 A weight stored as FP8 E4M3 with a sibling ``weight_scale_inv`` (fp32, one per 128x128 tile) is
 block-FP8 as DeepSeek ships it: ``w = fp8 * scale_inv`` tile by tile.
 
-- Dense linears are kept in the compute dtype (block-FP8 ones are decoded once at load time).
+- Dense linears stored as block-FP8 stay FP8: a ``Linear`` over a ``QuantizedWeight``
+  (``fp8_block128``), computed by the engine's ``dense.linear`` op once :func:`bind_linears` has
+  given it the resolved ops (a decode step then reads one byte per weight, not two). Other dense
+  linears are kept in the compute dtype and are plain torch products; the indexer's
+  ``weights_proj`` in fp32 (block-FP8 or not).
 - MLA's ``kv_b_proj`` is split into the absorbed ``W_UK [H, nope, 512]`` and ``W_UV [H, v, 512]``
   (decode and prefill both attend in the 576-wide latent space).
 - Routed and shared experts become ``QuantizedWeight``s for ``moe.experts``: block-FP8 stays
@@ -20,8 +24,10 @@ at once. Tensors the graph does not use (an MTP layer past ``num_hidden_layers``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -31,15 +37,29 @@ from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
 from hwrun.formats.fp8 import dequantize_fp8_block128
 from hwrun.ops.indexer import INDEX_HEAD_DIM
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
+from hwrun.plugins import REFERENCE
+
+if TYPE_CHECKING:
+    from hwrun.engine.op_table import OpTable
+
+LINEAR_OP = "dense.linear"
 
 
 @dataclass(frozen=True, eq=False)
 class Linear:
-    """``y = x @ weight.T`` with ``weight [out, in]`` in the compute dtype."""
+    """``y = x @ weight.T`` with ``weight [out, in]``.
 
-    weight: torch.Tensor
+    A tensor ``weight`` (in the compute dtype) is a plain torch product. A ``QuantizedWeight``
+    (block-FP8 as the checkpoint stores it) runs through ``ops["dense.linear"]``, looked up at
+    every call (so ``OpTable.replaced`` reaches it); ``ops`` is set by :func:`bind_linears`.
+    """
+
+    weight: torch.Tensor | QuantizedWeight
+    ops: OpTable | None = None
 
     def __call__(self, x: torch.Tensor, row_by_row: bool = False) -> torch.Tensor:
+        if isinstance(self.weight, QuantizedWeight):
+            return self._quantized(x)
         if not row_by_row:
             return F.linear(x, self.weight)
         # One matrix-vector product per row: a BLAS picks its blocking by the row count, so
@@ -49,6 +69,17 @@ class Linear:
         for row in range(flat_in.shape[0]):
             flat_out[row : row + 1] = F.linear(flat_in[row : row + 1], self.weight)
         return out
+
+    def _quantized(self, x: torch.Tensor) -> torch.Tensor:
+        """All rows in one call, in batch-invariant mode too: the engine then resolves
+        ``dense.linear`` to a batch-invariant impl (``resolve_ops``)."""
+        if self.ops is None:
+            raise RuntimeError(
+                f"{self.weight.name}: a {self.weight.format} linear runs through the engine's "
+                f"{LINEAR_OP} op; give it the resolved ops first (bind_linears)"
+            )
+        out = self.ops[LINEAR_OP](x.reshape(-1, x.shape[-1]), self.weight)
+        return out.view(*x.shape[:-1], self.weight.shape[0])
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,6 +186,10 @@ class _Loader:
         return raw.to(dtype)
 
     def linear(self, name: str, dtype: torch.dtype | None = None) -> Linear:
+        """A block-FP8 weight as stored (fp8_block128), unless ``dtype`` asks for another;
+        anything else in ``dtype`` (default the compute dtype)."""
+        if dtype is None and self.is_fp8(name):
+            return Linear(self.quantized([name], name))
         return Linear(self.dense(name, dtype))
 
     def quantized(self, names: list[str], label: str) -> QuantizedWeight:
@@ -283,6 +318,60 @@ def load_weights(
         final_norm=loader.dense("model.norm.weight"),
         lm_head=Linear(head),
     )
+
+
+def _map_linears(obj: Any, fn: Callable[[Linear], Linear]) -> Any:
+    """``obj`` (the weights' dataclasses and tuples) with every Linear replaced by ``fn`` of it."""
+    if isinstance(obj, Linear):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        return tuple(_map_linears(item, fn) for item in obj)
+    if is_dataclass(obj) and not isinstance(obj, (type, QuantizedWeight)):
+        return replace(obj, **{f.name: _map_linears(getattr(obj, f.name), fn) for f in fields(obj)})
+    return obj
+
+
+def _linears(obj: Any) -> Iterator[Linear]:
+    """Every Linear in ``obj`` (the weights' dataclasses and tuples)."""
+    if isinstance(obj, Linear):
+        yield obj
+    elif isinstance(obj, tuple):
+        for item in obj:
+            yield from _linears(item)
+    elif is_dataclass(obj) and not isinstance(obj, (type, QuantizedWeight)):
+        for f in fields(obj):
+            yield from _linears(getattr(obj, f.name))
+
+
+def quantized_linear_formats(weights: ModelWeights) -> tuple[str, ...]:
+    """The formats of the linears that run through ``dense.linear`` (none: ``()``)."""
+    found = {lin.weight.format for lin in _linears(weights) if _is_quantized(lin)}
+    return tuple(sorted(found))
+
+
+def _is_quantized(linear: Linear) -> bool:
+    return isinstance(linear.weight, QuantizedWeight)
+
+
+def bind_linears(weights: ModelWeights, ops: OpTable, dtype: torch.dtype) -> ModelWeights:
+    """The quantized linears made callable once the ops are resolved: each calls
+    ``ops["dense.linear"]``. Except where the reference serves it in an fp32 engine (the CPU):
+    the reference would decode every weight on every call, so each is decoded here once, to
+    fp32 as the reference decodes it, and runs as a plain torch product (the reference's sums,
+    in the BLAS's order)."""
+    if not quantized_linear_formats(weights):
+        return weights
+    choice = next(c for c in ops.choices if c.op == LINEAR_OP)
+    decode = choice.platform == REFERENCE and dtype == torch.float32
+
+    def bind(linear: Linear) -> Linear:
+        if not _is_quantized(linear):
+            return linear
+        if decode:
+            return Linear(linear.weight.dequantize())
+        return replace(linear, ops=ops)
+
+    return _map_linears(weights, bind)
 
 
 def _load_layer(loader: _Loader, index: int) -> LayerWeights:

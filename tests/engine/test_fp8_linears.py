@@ -1,0 +1,192 @@
+"""Block-FP8 projections stay FP8 in the engine: loaded as QuantizedWeights, run through the
+resolved ``dense.linear`` op, decoded once at startup only where the reference serves it in an
+fp32 engine (the CPU), and split by tensor parallelism on whole scale tiles only.
+
+The last test needs a CUDA GPU (skipped in CI): the NVIDIA platform's Triton ``dense.linear``
+on the stored codes against the GPU reference run, eager and replayed from CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hwrun.engine.batch import ScheduledChunk
+from hwrun.engine.config import EngineConfig
+from hwrun.engine.model_config import load_model_config
+from hwrun.engine.model_runner import build_model_runner
+from hwrun.engine.op_table import OpTable
+from hwrun.engine.tensor_parallel import _cols, _rows, tp_reasons
+from hwrun.engine.weights import Linear, bind_linears, load_weights, quantized_linear_formats
+from hwrun.ops.linear import linear as reference_linear
+from hwrun.ops.quantized_weight import QuantizedWeight, quantize_weight
+from hwrun.registry import OpImpl, Selection
+from tests.engine.test_engine_gpu import (  # the GPU engine test's helpers and platform
+    MEDIAN_REL,
+    _logits,
+    _prompt,
+    _relative_row_errors,
+    _runner,
+    plugins,  # noqa: F401 (fixture)
+)
+from tests.engine.tiny_checkpoints import build_tiny_model
+
+ATTN = "model.layers.0.self_attn."
+
+
+@pytest.fixture(scope="module")
+def fp8_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fp8-linears")
+    return build_tiny_model(path, seed=3, weights="fp8", moe_intermediate_size=128)
+
+
+def _linears(weights) -> dict[str, Linear]:
+    a = weights.layers[0].attention
+    return {
+        "q_a_proj": a.q_a_proj,
+        "q_b_proj": a.q_b_proj,
+        "o_proj": a.o_proj,
+        "gate_proj": weights.layers[0].mlp.gate_proj,
+        "down_proj": weights.layers[0].mlp.down_proj,
+    }
+
+
+def _table(fn, platform: str = "fake") -> OpTable:
+    impl = OpImpl(op="dense.linear", name="fake", platform=platform, fn=fn)
+    return OpTable({"dense.linear": Selection(impl, fallback=False)})
+
+
+def test_block_fp8_projections_load_as_stored(fp8_model):
+    config = load_model_config(fp8_model.path)
+    weights = load_weights(fp8_model.path, config, "cpu", torch.bfloat16)
+    stored = load_file(fp8_model.path / "model.safetensors")
+    q_a = weights.layers[0].attention.q_a_proj.weight
+    assert isinstance(q_a, QuantizedWeight) and q_a.format == "fp8_block128"
+    assert torch.equal(q_a.data, stored[ATTN + "q_a_proj.weight"].view(torch.uint8))
+    assert torch.equal(q_a.scales, stored[ATTN + "q_a_proj.weight_scale_inv"])
+    assert all(isinstance(lin.weight, QuantizedWeight) for lin in _linears(weights).values())
+    # What the checkpoint stores in bf16 stays a tensor (this one's kv_a_proj_with_mqa and
+    # indexer wq_b / wk);
+    # weights_proj is fp32 as transformers keeps it; the LM head and W_UK / W_UV are tensors.
+    assert weights.layers[0].attention.kv_a_proj.weight.dtype == torch.bfloat16
+    assert weights.layers[0].attention.indexer.weights_proj.weight.dtype == torch.float32
+    assert isinstance(weights.lm_head.weight, torch.Tensor)
+    assert weights.layers[0].attention.w_uk.dtype == torch.bfloat16
+    assert quantized_linear_formats(weights) == ("fp8_block128",)
+
+
+def test_an_unbound_fp8_linear_says_what_is_missing(fp8_model):
+    weights = load_weights(fp8_model.path, load_model_config(fp8_model.path), "cpu", torch.float32)
+    with pytest.raises(RuntimeError, match=r"runs through the engine's dense.linear op.*bind"):
+        weights.layers[0].attention.q_a_proj(torch.zeros(2, 64))
+
+
+def test_bound_linears_call_the_resolved_op_at_every_call(fp8_model):
+    config = load_model_config(fp8_model.path)
+    weights = load_weights(fp8_model.path, config, "cpu", torch.bfloat16)
+    calls = []
+
+    def op(x, weight):
+        calls.append(weight.name)
+        return reference_linear(x, weight)
+
+    table = _table(op)
+    bound = bind_linears(weights, table, torch.bfloat16)
+    q_a = bound.layers[0].attention.q_a_proj
+    assert q_a.weight is weights.layers[0].attention.q_a_proj.weight  # still FP8, not copied
+    x = torch.randn(3, 2, 64).to(torch.bfloat16)  # leading dims are flattened and restored
+    got = q_a(x, row_by_row=True)
+    assert got.shape == (3, 2, 32) and calls == [ATTN + "q_a_proj.weight"]
+    assert torch.equal(got.view(6, 32), reference_linear(x.view(6, 64), q_a.weight))
+    with table.replaced({"dense.linear": lambda x, w: torch.zeros(x.shape[0], w.shape[0])}):
+        assert not q_a(x).any()  # a replacement in the table reaches the bound linear
+
+
+def test_the_cpu_reference_decodes_each_weight_once_at_startup(fp8_model):
+    runner = build_model_runner(
+        EngineConfig(model=str(fp8_model.path), platform="reference", num_kv_tokens=8 * 64)
+    )
+    served = {c.op: c.platform for c in runner.op_table}
+    assert served["dense.linear"] == "reference"
+    loaded = load_weights(fp8_model.path, runner.model_config, "cpu", torch.float32)
+    for name, linear in _linears(runner.model.weights).items():
+        want = _linears(loaded)[name].weight.dequantize()
+        assert isinstance(linear.weight, torch.Tensor) and torch.equal(linear.weight, want), name
+    logits = runner.execute([ScheduledChunk(0, [5, 9, 11], 0, [1], True)])[0].logits
+    assert logits.shape == (1, 128) and torch.isfinite(logits).all()
+
+
+def test_a_bf16_checkpoint_needs_no_dense_linear(tmp_path):
+    build_tiny_model(tmp_path, seed=4)
+    runner = build_model_runner(
+        EngineConfig(model=str(tmp_path), platform="reference", num_kv_tokens=8 * 64)
+    )
+    assert "dense.linear" not in {c.op for c in runner.op_table}
+
+
+def test_tensor_parallel_splits_fp8_projections_on_whole_tiles_only(fp8_model):
+    config = load_model_config(fp8_model.path)  # 4 heads of qk 96 / v 32, dense width 64
+    reasons = " | ".join(tp_reasons(config, 2, "bf16", ("fp8_block128",)))
+    assert "q_b_proj rows (heads x qk_head_dim) to be a multiple of 128" in reasons
+    assert "got 192" in reasons and "o_proj columns" in reasons and "dense MLP width" in reasons
+    assert tp_reasons(config, 2, "bf16") == []  # the same split with bf16 projections
+    aligned = replace(config, qk_nope_head_dim=64, v_head_dim=128, intermediate_size=512)
+    assert tp_reasons(aligned, 2, "bf16", ("fp8_block128",)) == []
+
+    g = torch.Generator().manual_seed(5)
+    weight = quantize_weight(torch.randn(256, 384, generator=g), "fp8_block128", "w")
+    full = weight.dequantize()
+    rows = _rows(Linear(weight), slice(128, 256)).weight
+    cols = _cols(Linear(weight), slice(128, 256)).weight
+    assert rows.shape == (128, 384) and torch.equal(rows.dequantize(), full[128:])
+    assert cols.shape == (256, 128) and torch.equal(cols.dequantize(), full[:, 128:256])
+
+
+@pytest.fixture(scope="module")
+def gpu_fp8_model(tmp_path_factory):
+    """test_engine_gpu.py's model (16 heads and index heads, for the Triton attention kernels)
+    with block-FP8 projections and experts, as DeepSeek ships them."""
+    path = tmp_path_factory.mktemp("gpu-fp8-model")
+    return build_tiny_model(
+        path,
+        seed=22,
+        weights="fp8",
+        hidden_size=128,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        index_n_heads=16,
+        index_topk=64,
+        num_hidden_layers=3,
+        moe_intermediate_size=128,
+        max_position_embeddings=1024,
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_block_fp8_projections_stay_fp8_on_the_gpu(plugins, gpu_fp8_model):  # noqa: F811
+    """dense.linear on the stored e4m3 codes (Triton), against the GPU reference run (whose
+    dense.linear decodes them per call), in eager decode and in CUDA-graph decode."""
+    prompt = _prompt(gpu_fp8_model.config.vocab_size)
+    flags = dict(model=str(gpu_fp8_model.path), num_kv_tokens=16 * 64, max_model_len=1024)
+    flags |= dict(kv_cache_dtype="fp8_ds_mla", index_dtype="fp8")
+    gpu = _runner(plugins, platform="nvidia", cuda_graphs=False, **flags)
+    served = {c.op: f"{c.platform}:{c.impl}" for c in gpu.op_table}
+    print(f"fp8 projections: {served}")
+    assert served["dense.linear"] == "nvidia:triton"
+    q_a = gpu.model.weights.layers[0].attention.q_a_proj.weight
+    assert isinstance(q_a, QuantizedWeight) and q_a.format == "fp8_block128"
+    assert q_a.device.type == "cuda"
+    reference = _runner(plugins, platform="reference", device="cuda", cuda_graphs=False, **flags)
+    want = _logits(reference, prompt, [4, 9, 2])
+    errors = _relative_row_errors(_logits(gpu, prompt, [4, 9, 2]), want)
+    print(f"fp8 projections, nvidia vs GPU reference: median {errors.median():.2e}")
+    assert errors.median().item() < MEDIAN_REL
+    graphed = _runner(plugins, platform="nvidia", max_num_seqs=8, **flags)
+    assert graphed.graphs is not None, graphed.cuda_graphs_status
+    replayed = _relative_row_errors(
+        _logits(graphed, prompt, [3, 8, 11]), _logits(gpu, prompt, [3, 8, 11])
+    )
+    assert replayed.max().item() < 0.02
