@@ -11,7 +11,7 @@ from hwrun.kernels.triton.topk_threshold import MAX_K, ThresholdTiles, candidate
 from hwrun.ops.topk import topk as reference
 
 # Small tiles so that the interpreter's shapes reach every path: several segment levels per
-# call (M = 2k segments at most), compaction spread over programs, and a capacity that the
+# call (M = 4k segments at most), compaction spread over programs, and a capacity that the
 # constructed rows overflow.
 SMALL = ThresholdTiles(segments=32, capacity=128, block=256, compact_block=64, chunks=3)
 TINY_CAPACITY = ThresholdTiles(segments=32, capacity=16, block=256, compact_block=128)

@@ -3,7 +3,8 @@ exact selection runs over a few thousand candidates held in registers.
 
 1. ``_segment_max`` (rows x tiles programs): the largest key of every aligned segment of
    ``2**level`` columns of the row's window; ``level`` is per row, the smallest that leaves at
-   most ``M`` segments (so a short window in a long padded row keeps fine segments).
+   most ``M >= 4k`` segments, so every window longer than 2k columns has between 2k and 4k of
+   them (a short window in a long padded row keeps fine segments).
 2. ``_threshold`` (one program per row): T, the k-th largest segment maximum rounded down to
    its top ``THRESHOLD_BITS`` bits, by a bitwise search over the maxima in registers. The
    maxima are k distinct columns scoring >= T, so T is never above the row's k-th key: every
@@ -23,7 +24,7 @@ graph captures it. Keys are the radix kernel's order-preserving uint32 (NaN as -
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -33,7 +34,7 @@ from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.topk import _sortable_key, radix_select_row
 from hwrun.kernels.triton.topk import topk as radix_topk
 
-# k above this goes to the radix kernel: M >= 2k segment maxima and the candidate tile live in
+# k above this goes to the radix kernel: M >= 4k segment maxima and the candidate tile live in
 # registers of one program, 8192 keys (+ indices) at 8 warps being 32 (+ 32) registers a thread.
 MAX_K = 4096
 
@@ -268,14 +269,37 @@ class ThresholdTiles:
     _segment_max; _compact's per-element (gathered) loads keep its tile at 2048 columns for
     register room (108 registers at 4096); ~8 compaction programs per multiprocessor."""
 
-    segments: int = 8192  # segment maxima per row (M, at least 2k): more, fewer candidates
+    segments: int = 8192  # segment maxima per row (M, at least 4k): more, fewer candidates
     capacity: int = 8192  # candidate slots per row (CAP): a row with more takes the slow path
-    block: int = 4096  # columns per tile of _segment_max (and of the slow path)
-    compact_block: int = 2048  # columns per tile of _compact
+    block: int = 4096  # columns per tile of _segment_max
+    compact_block: int = 2048  # columns per tile of _compact and of the slow path
     chunks: int | None = None  # _compact programs per row; None: ~8 per multiprocessor
     num_warps: int = 8  # _segment_max, _compact
     select_warps: int = 8  # _threshold, _select (one program per row)
     threshold_bits: int = 16  # top bits of T searched; fewer: a coarser (lower) T
+
+
+# What bench/topk_gpu.py --sweep times: one parameter at a time around the defaults (chunks,
+# per row count, the bench varies itself). 16384 candidates get 16 warps (at 8 the tile spills
+# heavily; ptxas for sm_90 still puts 248 bytes on the stack at 16). Not yet timed on the H200.
+SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
+    replace(ThresholdTiles(), **change)
+    for change in (
+        {"segments": 16384},
+        {"segments": 32768, "select_warps": 16},
+        {"capacity": 4096},
+        {"capacity": 16384, "select_warps": 16},
+        {"block": 2048},
+        {"block": 8192},
+        {"compact_block": 1024},
+        {"compact_block": 4096},
+        {"num_warps": 4},
+        {"num_warps": 16},
+        {"select_warps": 16},
+        {"threshold_bits": 12},
+        {"threshold_bits": 20},
+    )
+)
 
 
 def _run(
@@ -295,9 +319,10 @@ def _run(
     ends_c = torch.maximum(ends.to(torch.int32).clamp(0, L), starts_c)
     pow2, cdiv = triton.next_power_of_2, triton.cdiv
     width = max(L, 1)
-    # At least 2k segments (a window longer than k then has >= k of them); at most a quarter
-    # of the row's columns when that is more (scratch memory at prefill's thousands of rows).
-    M = max(2 * pow2(k), min(pow2(tiles.segments), pow2(width) // 4))
+    # At least 4k segments: a window's level then leaves it more than 2k (k/m < 1/2, at most
+    # 1.39k candidates from independent scores); with m just above k, T would sit near the
+    # bottom of the row. No more than the row's columns (level 0 then covers every window).
+    M = min(max(pow2(tiles.segments), 4 * pow2(k)), pow2(width))
     levels = _levels(width, M)
     seg_block = max(tiles.block, 1 << (levels - 1))  # a segment never straddles two tiles
     cap = max(2, min(pow2(tiles.capacity), pow2(width)))  # a row has at most L candidates
@@ -328,7 +353,7 @@ def _run(
     )  # fmt: skip
     _select[(R,)](
         logits, *rows, thresh, counts, cand[0], cand[1], out, stride, L, k,
-        cap, max(1, (L - 1).bit_length()), tiles.block, min(pow2(k), 4096), num_warps=select_warps,
+        cap, max(1, (L - 1).bit_length()), block, min(pow2(k), 4096), num_warps=select_warps,
     )  # fmt: skip
     return out, counts
 
