@@ -22,6 +22,20 @@ def sets_equal(got, want):
     return torch.equal(g, w)
 
 
+def indexer_like_logits(rows, length, heads=64):
+    """Decode-like top-k input: the reference indexer's scores (sum_h w_h relu(q_h . k)) of
+    random fp8 queries against random fp8 keys, with signed head weights as the models'
+    projection gives them."""
+    from hwrun.ops.indexer import logits_ragged
+
+    elements, scales = get_index_key_format("fp8").encode(torch.randn(length, 128, device="cuda"))
+    q = torch.randn(rows, heads, 128, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(rows, heads, device="cuda") * heads**-0.5
+    ks = torch.zeros(rows, dtype=torch.int32, device="cuda")
+    ke = torch.full((rows,), length, dtype=torch.int32, device="cuda")
+    return logits_ragged(q, w, elements, scales, "fp8", ks, ke)
+
+
 def paged_inputs(fmt, batch, ctx, heads, next_n, q_dtype):
     key_format = get_index_key_format(fmt)
     blocks = batch * (ctx // 64)

@@ -15,7 +15,14 @@ from hwrun.formats.index_keys import get_index_key_format
 from hwrun.ops import indexer as ref_indexer
 from hwrun.ops import sparse_mla as ref_mla
 from hwrun.ops.topk import topk as ref_topk
-from tests.kernels.gpu_inputs import check_mla, mla_inputs, paged_inputs, relative_error, sets_equal
+from tests.kernels.gpu_inputs import (
+    check_mla,
+    indexer_like_logits,
+    mla_inputs,
+    paged_inputs,
+    relative_error,
+    sets_equal,
+)
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or knobs.triton_interpret(),
@@ -23,9 +30,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("rows,length", [(64, 131072), (1, 131072), (8, 3000)])
+@pytest.mark.parametrize("rows,length", [(64, 131072), (1, 131072), (8, 32768), (8, 3000)])
 def test_topk_sets(rows, length):
-    from hwrun.kernels.triton.topk import topk
+    from hwrun.kernels.triton.topk_threshold import topk
 
     logits = torch.randn(rows, length, device="cuda").relu_()  # half exact zeros: ties
     logits[0, :100] = float("nan")
@@ -33,6 +40,87 @@ def test_topk_sets(rows, length):
     ends = torch.full((rows,), length, device="cuda", dtype=torch.int32)
     ends[-1] = starts[-1] + 1000 if rows > 1 else length  # a row shorter than k
     assert sets_equal(topk(logits, starts, ends, 2048), ref_topk(logits, starts, ends, 2048))
+
+
+def _decode_like_topk_rows():
+    """64 x 131072 indexer-like rows, decode windows of many lengths, and two rows whose
+    candidates overflow the buffer: sorted scores (every segment maximum is its last column)
+    and all-equal scores."""
+    logits = indexer_like_logits(64, 131072)
+    logits[1] = torch.arange(131072, device="cuda", dtype=torch.float32)
+    logits[2] = 0.25
+    starts = torch.zeros(64, device="cuda", dtype=torch.int32)
+    ends = torch.randint(2049, 131073, (64,), device="cuda", dtype=torch.int32)
+    ends[:4] = 131072
+    ends[4] = 1500  # shorter than k
+    ends[5] = 2048  # exactly k
+    starts[6], ends[6] = 70000, 90000  # a window inside the row
+    return logits, starts, ends
+
+
+def test_topk_indexer_like_rows_stay_on_the_fast_path():
+    from hwrun.kernels.triton.topk_threshold import ThresholdTiles, candidate_counts, topk
+
+    logits, starts, ends = _decode_like_topk_rows()
+    counts = candidate_counts(logits, starts, ends, 2048)
+    capacity = ThresholdTiles().capacity
+    assert (counts[1:3] > capacity).all(), counts[:8]  # the slow path
+    fast = counts[[0, 3, *range(6, 64)]]
+    assert (fast >= 2048).all() and (fast <= capacity).all(), fast
+    assert sets_equal(topk(logits, starts, ends, 2048), ref_topk(logits, starts, ends, 2048))
+
+
+def test_topk_prefill_shape():
+    from hwrun.kernels.triton.topk_threshold import topk
+
+    rows, length = 4096, 16384
+    logits = torch.randn(rows, length, device="cuda")
+    starts = torch.zeros(rows, device="cuda", dtype=torch.int32)
+    ends = torch.arange(length - rows + 1, length + 1, device="cuda", dtype=torch.int32)
+    assert sets_equal(topk(logits, starts, ends, 2048), ref_topk(logits, starts, ends, 2048))
+
+
+def test_topk_sweep_grid_compiles_and_selects_exactly():
+    """Every configuration bench/topk_gpu.py --sweep times, on rows with ties and an
+    overflowing row."""
+    from hwrun.kernels.triton.topk_threshold import SWEEP_GRID, topk
+
+    logits = indexer_like_logits(8, 32768)
+    logits[1] = torch.round(logits[1] * 4)
+    logits[2] = torch.arange(32768, device="cuda", dtype=torch.float32)
+    starts = torch.zeros(8, device="cuda", dtype=torch.int32)
+    ends = torch.full((8,), 32768, device="cuda", dtype=torch.int32)
+    ends[3] = 5000
+    want = ref_topk(logits, starts, ends, 2048)
+    for tiles in SWEEP_GRID:
+        assert sets_equal(topk(logits, starts, ends, 2048, tiles), want), tiles
+
+
+def test_topk_large_k_takes_the_radix_kernel():
+    from hwrun.kernels.triton.topk_threshold import topk
+
+    logits = torch.randn(8, 65536, device="cuda").relu_()
+    starts = torch.zeros(8, device="cuda", dtype=torch.int32)
+    ends = torch.full((8,), 65536, device="cuda", dtype=torch.int32)
+    assert sets_equal(topk(logits, starts, ends, 8192), ref_topk(logits, starts, ends, 8192))
+
+
+def test_topk_replays_in_a_cuda_graph():
+    """No host synchronisation: the call captures, and a replay on new scores (an overflowing
+    row included) selects what the reference does."""
+    from hwrun.kernels.triton.topk_threshold import topk
+
+    logits, starts, ends = _decode_like_topk_rows()
+    topk(logits, starts, ends, 2048)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = topk(logits, starts, ends, 2048)
+    logits.copy_(torch.randn_like(logits))
+    logits[7] = -1.0
+    ends.copy_(torch.randint(1, 131073, (64,), device="cuda", dtype=torch.int32))
+    starts.copy_(torch.minimum(starts, ends))
+    graph.replay()
+    assert sets_equal(out, ref_topk(logits, starts, ends, 2048))
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
