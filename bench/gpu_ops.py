@@ -29,7 +29,7 @@ from gpu_bench_common import (
     measure_ceilings,
 )
 
-from hwrun.kernels.triton import indexer_logits, kv_write, lse_combine, sparse_mla, topk
+from hwrun.kernels.triton import indexer_logits, kv_write, lse_combine, sparse_mla, topk_threshold
 from hwrun.ops import attn as ref_attn
 from hwrun.ops import indexer as ref_indexer
 from hwrun.ops import kv_write as ref_kv
@@ -136,12 +136,12 @@ def topk_rows(ceil, tune, log):
         ends = torch.full((r,), length, dtype=torch.int32, device="cuda")
 
         def run(logits=logits, starts=starts, ends=ends, **cfg):
-            return topk.topk(logits, starts, ends, 2048, **cfg)
+            tiles = topk_threshold.ThresholdTiles(**cfg)
+            return topk_threshold.topk(logits, starts, ends, 2048, tiles)
 
         cfg = {}
-        if tune and r > 1:
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            grid = [{"block": 4096, "num_warps": 8, "chunks": c * sms // r} for c in (4, 8, 16)]
+        if tune and r > 1:  # bench/topk_gpu.py --sweep covers more shapes and chunk counts
+            grid = [vars(tiles) for tiles in topk_threshold.SWEEP_GRID]
             cfg = _tune(f"topk R={r}", run, grid, log)
         us = bench(lambda cfg=cfg: run(**cfg))
         peers = {"torch.topk": bench(lambda x=logits: torch.topk(x, 2048, dim=1))}
