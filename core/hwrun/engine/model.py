@@ -55,6 +55,9 @@ class DecodeRows:
     block_table: torch.Tensor  # [B, max_blocks] int32, -1 past each request's blocks
     context_lens: torch.Tensor  # [B] int32, cached tokens including this one
     max_context: int
+    # rows is 0 .. T-1: the step is all decode rows, in order (a decode step; every replayed
+    # graph), so attention reads and writes whole tensors instead of gathering rows.
+    every_row: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,17 +165,20 @@ class DeepseekV32:
             self.index_views[index], index_keys, meta.slots, self.formats.index_format
         )
 
-        out = x.new_empty(tokens, c.num_heads, LATENT_RANK)
-        if meta.prefill is not None:
-            p = meta.prefill
-            out[p.rows] = self._prefill_attention(
-                index, q_mla[p.rows], q_index[p.rows], index_weights[p.rows], p
-            )
-        if meta.decode is not None:
-            d = meta.decode
-            out[d.rows] = self._decode_attention(
-                index, q_mla[d.rows], q_index[d.rows], index_weights[d.rows], d
-            )
+        if meta.prefill is None and meta.decode is not None and meta.decode.every_row:
+            out = self._decode_attention(index, q_mla, q_index, index_weights, meta.decode)
+        else:
+            out = x.new_empty(tokens, c.num_heads, LATENT_RANK)
+            if meta.prefill is not None:
+                p = meta.prefill
+                out[p.rows] = self._prefill_attention(
+                    index, q_mla[p.rows], q_index[p.rows], index_weights[p.rows], p
+                )
+            if meta.decode is not None:
+                d = meta.decode
+                out[d.rows] = self._decode_attention(
+                    index, q_mla[d.rows], q_index[d.rows], index_weights[d.rows], d
+                )
         values = self._per_head(out, w.w_uv, transpose=True)  # [T, H, v]
         return w.o_proj(values.reshape(tokens, -1), self.row_by_row)
 

@@ -41,6 +41,22 @@ def test_flashmla_decode_adapter(s):
 
 
 @needs_flashmla
+def test_flashmla_decode_reuses_its_schedule_across_calls():
+    """The adapter keeps FlashMLA's tile schedule per shape: later calls of the same shape with
+    other data (shorter and empty rows included) still match the reference."""
+    from hwrun_nvidia.flashmla import decode
+
+    for seed in (0, 1, 2):
+        torch.manual_seed(seed)
+        q, cache, slots, _, _ = mla_inputs("fp8_ds_mla", 8, 1, 64, 2048)
+        slots[0, 0, 5:] = -1  # attends to 5 rows
+        slots[1] = -1  # attends to nothing: out 0, LSE -inf
+        got = decode(q, cache, "fp8_ds_mla", slots, 0.07)
+        check_mla(got, ref_mla.decode(q, cache, "fp8_ds_mla", slots, 0.07))
+        assert (got[0][1] == 0).all() and (got[1][1] == float("-inf")).all()
+
+
+@needs_flashmla
 def test_flashmla_prefill_adapter():
     from hwrun_nvidia.flashmla import prefill
 
