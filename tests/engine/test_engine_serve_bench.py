@@ -1,0 +1,32 @@
+"""bench/engine_serve.py runs end to end on the CPU with the embedded model: every request
+generates exactly its tokens, and the report's figures are consistent with each other."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import engine_serve
+
+
+def test_engine_serve_bench_on_the_default_model(tmp_path):
+    out = tmp_path / "rows.json"
+    rows = engine_serve.main(
+        [
+            "--platform", "reference", "--kv-cache-dtype", "bf16", "--index-dtype", "bf16",
+            "--input-len", "24", "--output-len", "5", "--requests", "6",
+            "--rate", "inf", "200", "--concurrency", "3", "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert out.exists() and len(rows) == 2
+    for row in rows:
+        assert row["requests"] == 6 and row["concurrency"] == 3
+        assert 0 < row["mean_in_flight"] <= 3
+        assert row["output_tokens_per_s"] > 0
+        assert math.isclose(row["output_tokens_per_s"], 6 * 5 / row["duration_s"], rel_tol=1e-9)
+        for name in ("ttft_ms", "tpot_ms"):
+            assert 0 < row[f"{name}_p50"] <= row[f"{name}_p90"] <= row[f"{name}_p99"]
+        assert "decode_roofline_ms" not in row  # CPU: no measured copy bandwidth
