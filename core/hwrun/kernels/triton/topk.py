@@ -242,6 +242,28 @@ def radix_select_row(row_ptr, out_row, start, end, L, k, t, BLOCK: tl.constexpr)
         ties += tl.sum(tie.to(tl.int32), 0)
 
 
+def checked_args(
+    logits: torch.Tensor,  # [R, L] float32
+    starts: torch.Tensor,  # [R] int32
+    ends: torch.Tensor,  # [R] int32
+    k: int,
+) -> torch.Tensor:  # logits with unit column stride
+    """The top-k kernels' argument checks (shapes, dtype, k); logits made column-contiguous."""
+    if logits.dim() != 2 or logits.dtype != torch.float32:
+        raise ValueError(
+            f"topk: logits must be [R, L] float32, got {tuple(logits.shape)} {logits.dtype}"
+        )
+    R = logits.shape[0]
+    if starts.shape != (R,) or ends.shape != (R,):
+        raise ValueError(
+            f"topk: starts and ends must be [R]=[{R}], got {tuple(starts.shape)} and "
+            f"{tuple(ends.shape)}"
+        )
+    if k <= 0:
+        raise ValueError(f"topk: k must be positive, got {k}")
+    return logits if logits.stride(1) == 1 else logits.contiguous()
+
+
 def topk(
     logits: torch.Tensor,  # [R, L] float32
     starts: torch.Tensor,  # [R] int32
@@ -253,20 +275,8 @@ def topk(
     gather_block: int = 4096,
 ) -> torch.Tensor:  # [R, k] int32, indices relative to starts, -1 padded
     """Top-k positions of each row's window ``[starts[r], ends[r])`` of ``logits``."""
-    if logits.dim() != 2 or logits.dtype != torch.float32:
-        raise ValueError(
-            f"topk: logits must be [R, L] float32, got {tuple(logits.shape)} {logits.dtype}"
-        )
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
+    logits = checked_args(logits, starts, ends, k)
     R, L = logits.shape
-    if starts.shape != (R,) or ends.shape != (R,):
-        raise ValueError(
-            f"topk: starts and ends must be [R]=[{R}], got {tuple(starts.shape)} and "
-            f"{tuple(ends.shape)}"
-        )
-    if k <= 0:
-        raise ValueError(f"topk: k must be positive, got {k}")
     out = torch.empty((R, k), dtype=torch.int32, device=logits.device)
     if R == 0:
         return out

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.interpreter import prepare_launch
-from hwrun.kernels.triton.topk import _sortable_key, radix_select_row
+from hwrun.kernels.triton.topk import _sortable_key, checked_args, radix_select_row
 from hwrun.kernels.triton.topk import topk as radix_topk
 
 # k above this goes to the radix kernel: M >= 4k segment maxima and the candidate tile live in
@@ -157,16 +157,21 @@ def _compact(
         first_seg = start >> level
         t = tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True)
         row_ptr = logits_ptr + row * row_stride
-        offs = tl.arange(0, BLOCK)
+        max_row = max_ptr + row * M - first_seg
         lo = tl.maximum(part * chunk, (start // BLOCK) * BLOCK)
         hi = tl.minimum(part * chunk + chunk, end)
-        for o in range(lo, hi, BLOCK):
-            idx = tl.multiple_of(o, 16) + offs
-            inside = (idx >= start) & (idx < hi)
-            seg_max = tl.load(max_ptr + row * M + (idx >> level) - first_seg, mask=inside, other=0)
-            # Segments whose maximum is below T hold no candidate: their columns are not read.
-            live = inside & (seg_max.to(tl.uint32, bitcast=True) >= t)
-            key = _sortable_key(tl.load(row_ptr + idx, mask=live, other=0.0))
+        # Loads run ahead of each tile's scan and atomic, which would otherwise wait on them:
+        # the next tile's scores and the segment maxima of the one after. Columns of segments
+        # whose maximum is below T (no candidate there) are never read.
+        idx = lo + tl.arange(0, BLOCK)
+        live = _inside(idx, start, hi) & (_segment_maxima(max_row, idx, level, start, hi) >= t)
+        x = tl.load(row_ptr + idx, mask=live, other=0.0)
+        maxima_next = _segment_maxima(max_row, idx + BLOCK, level, start, hi)
+        for _ in range(lo, hi, BLOCK):
+            live_next = _inside(idx + BLOCK, start, hi) & (maxima_next >= t)
+            x_next = tl.load(row_ptr + idx + BLOCK, mask=live_next, other=0.0)
+            maxima_next = _segment_maxima(max_row, idx + 2 * BLOCK, level, start, hi)
+            key = _sortable_key(x)
             cand = live & (key >= t)
             n = tl.sum(cand.to(tl.int32), 0)
             if n > 0:
@@ -176,6 +181,20 @@ def _compact(
                 keep = cand & (slot < CAP)
                 tl.store(cand_key_ptr + row * CAP + slot, key.to(tl.int32, bitcast=True), keep)
                 tl.store(cand_idx_ptr + row * CAP + slot, idx, keep)
+            idx += BLOCK
+            x, live = x_next, live_next
+
+
+@triton.jit
+def _inside(idx, start, hi):
+    return (idx >= start) & (idx < hi)
+
+
+@triton.jit
+def _segment_maxima(max_row, idx, level, start, hi):
+    """The maximum key of each column's segment (0 outside [start, hi): loads nothing)."""
+    seg_max = tl.load(max_row + (idx >> level), mask=_inside(idx, start, hi), other=0)
+    return seg_max.to(tl.uint32, bitcast=True)
 
 
 @triton.jit
@@ -266,8 +285,8 @@ def _levels(length: int, segments: int) -> int:
 class ThresholdTiles:
     """Launch parameters. The defaults: 8 warps hold an 8192-key register tile in 32 registers
     a thread (_threshold, _select); 4096-column tiles give 16-byte loads, 4 per thread, in
-    _segment_max; _compact's per-element (gathered) loads keep its tile at 2048 columns for
-    register room (108 registers at 4096); ~8 compaction programs per multiprocessor."""
+    _segment_max; _compact's gathered loads, a tile ahead, keep its tile at 2048 columns (90
+    registers, two programs per multiprocessor at 8 warps); ~8 compaction programs per SM."""
 
     segments: int = 8192  # segment maxima per row (M, at least 4k): more, fewer candidates
     capacity: int = 8192  # candidate slots per row (CAP): a row with more takes the slow path
@@ -358,22 +377,6 @@ def _run(
     return out, counts
 
 
-def _checked(logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, k: int):
-    if logits.dim() != 2 or logits.dtype != torch.float32:
-        raise ValueError(
-            f"topk: logits must be [R, L] float32, got {tuple(logits.shape)} {logits.dtype}"
-        )
-    R = logits.shape[0]
-    if starts.shape != (R,) or ends.shape != (R,):
-        raise ValueError(
-            f"topk: starts and ends must be [R]=[{R}], got {tuple(starts.shape)} and "
-            f"{tuple(ends.shape)}"
-        )
-    if k <= 0:
-        raise ValueError(f"topk: k must be positive, got {k}")
-    return logits if logits.stride(1) == 1 else logits.contiguous()
-
-
 def topk(
     logits: torch.Tensor,  # [R, L] float32
     starts: torch.Tensor,  # [R] int32
@@ -383,7 +386,7 @@ def topk(
 ) -> torch.Tensor:  # [R, k] int32, indices relative to starts, -1 padded
     """Top-k positions of each row's window ``[starts[r], ends[r])`` of ``logits`` (any order).
     Scratch: R x (M + 2 CAP) int32. ``k > MAX_K`` runs the radix kernel."""
-    logits = _checked(logits, starts, ends, k)
+    logits = checked_args(logits, starts, ends, k)
     if k > MAX_K:
         return radix_topk(logits, starts, ends, k)
     return _run(logits, starts, ends, k, tiles)[0]
@@ -400,4 +403,4 @@ def candidate_counts(
     the slow path. For benchmarks and tests."""
     if k > MAX_K:
         raise ValueError(f"k={k} > MAX_K={MAX_K} runs the radix kernel, which has no candidates")
-    return _run(_checked(logits, starts, ends, k), starts, ends, k, tiles)[1]
+    return _run(checked_args(logits, starts, ends, k), starts, ends, k, tiles)[1]
