@@ -100,20 +100,21 @@ def route_unchecked(
     return weights.to(torch.float32), ids.to(torch.int32)
 
 
-def _check_route_args(
-    router_logits: torch.Tensor,
+def route_arg_problems(
+    router_logits: torch.Tensor,  # [T, E] float
     top_k: int,
     scoring: str,
     n_group: int | None,
     topk_group: int | None,
-    bias: torch.Tensor | None,
-) -> int:
-    """Every reason the arguments cannot be routed, raised at once; returns E."""
+    bias: torch.Tensor | None,  # [E] float
+) -> list[str]:
+    """Every reason the arguments' shapes, counts and options cannot be routed (empty: they
+    can). Reads no tensor values, so a kernel's host function may call it inside a CUDA graph."""
     if router_logits.dim() != 2 or not router_logits.is_floating_point():
-        raise ValueError(
-            "moe.route: router_logits must be a float tensor [T, E], got "
+        return [
+            "router_logits must be a float tensor [T, E], got "
             f"{router_logits.dtype} of shape {list(router_logits.shape)}"
-        )
+        ]
     num_experts = router_logits.shape[1]
     problems = []
     if num_experts < 1:
@@ -143,8 +144,20 @@ def _check_route_args(
             f"e_score_correction_bias must be a float tensor [E] = [{num_experts}], got "
             f"{bias.dtype} of shape {list(bias.shape)}"
         )
+    return problems
+
+
+def _check_route_args(
+    router_logits: torch.Tensor,
+    top_k: int,
+    scoring: str,
+    n_group: int | None,
+    topk_group: int | None,
+    bias: torch.Tensor | None,
+) -> None:
+    """Every reason the arguments cannot be routed, raised at once (a NaN logit included)."""
+    problems = route_arg_problems(router_logits, top_k, scoring, n_group, topk_group, bias)
     if not problems and torch.isnan(router_logits).any():
         problems.append("router_logits contains NaN; the router produced invalid scores")
     if problems:
         raise ValueError("moe.route: " + "; ".join(problems))
-    return num_experts

@@ -80,28 +80,14 @@ def to_slots(
     -1 stays -1; any other negative index, a position past the table, or an unallocated
     (negative) table entry raises ValueError.
     """
-    if not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if indices.dim() != 2 or indices.dtype not in _INT_DTYPES:
-        raise ValueError(f"indices must be int32 [R, k], got {indices.dtype} {list(indices.shape)}")
-    if block_table.dim() != 2 or block_table.dtype not in _INT_DTYPES:
-        raise ValueError(
-            f"block_table must be int32 [B, max_blocks], got {block_table.dtype} "
-            f"{list(block_table.shape)}"
-        )
-    rows = indices.shape[0]
-    requests, max_blocks = block_table.shape
+    problems = to_slots_arg_problems(indices, block_table, block_size, request_of_row)
+    if problems:
+        raise ValueError("; ".join(problems))
+    rows, (requests, max_blocks) = indices.shape[0], block_table.shape
     if request_of_row is None:
-        if requests == 0 or rows % requests != 0:
-            raise ValueError(
-                f"without request_of_row, R={rows} rows must be a multiple of B={requests} "
-                "(n rows per request, request-major); pass request_of_row otherwise"
-            )
         request_of_row = torch.arange(rows, device=indices.device) // (rows // requests)
-    else:
-        _check_int_vector("request_of_row", request_of_row, rows)
-        if bool(((request_of_row < 0) | (request_of_row >= requests)).any()):
-            raise ValueError(f"request_of_row must lie in [0, {requests}), got {request_of_row}")
+    elif bool(((request_of_row < 0) | (request_of_row >= requests)).any()):
+        raise ValueError(f"request_of_row must lie in [0, {requests}), got {request_of_row}")
     idx = indices.long()
     valid = idx >= 0
     if bool((idx < -1).any()):
@@ -118,6 +104,41 @@ def to_slots(
         raise ValueError("an index points into a block-table entry that is unallocated (< 0)")
     slots = blocks * block_size + safe % block_size
     return torch.where(valid, slots, torch.full_like(slots, -1)).to(torch.int32)
+
+
+def to_slots_arg_problems(
+    indices: torch.Tensor,  # [R, k] int
+    block_table: torch.Tensor,  # [B, max_blocks] int
+    block_size: int,
+    request_of_row: torch.Tensor | None,  # [R] int
+) -> list[str]:
+    """Every reason the arguments' types and shapes cannot be mapped to slots (empty: they can).
+    Reads no tensor values, so a graph-safe impl may call it inside a CUDA graph."""
+    problems = []
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
+        problems.append(f"block_size must be a positive int, got {block_size!r}")
+    if indices.dim() != 2 or indices.dtype not in _INT_DTYPES:
+        problems.append(f"indices must be int32 [R, k], got {indices.dtype} {list(indices.shape)}")
+    if block_table.dim() != 2 or block_table.dtype not in _INT_DTYPES:
+        problems.append(
+            f"block_table must be int32 [B, max_blocks], got {block_table.dtype} "
+            f"{list(block_table.shape)}"
+        )
+    if problems:
+        return problems
+    rows, requests = indices.shape[0], block_table.shape[0]
+    if request_of_row is None:
+        if requests == 0 or rows % requests != 0:
+            problems.append(
+                f"without request_of_row, R={rows} rows must be a multiple of B={requests} "
+                "(n rows per request, request-major); pass request_of_row otherwise"
+            )
+    elif request_of_row.dtype not in _INT_DTYPES or request_of_row.shape != (rows,):
+        problems.append(
+            f"request_of_row must be an int32 tensor of shape [{rows}], got "
+            f"{request_of_row.dtype} {list(request_of_row.shape)}"
+        )
+    return problems
 
 
 def _validate_topk(spec: OpSpec) -> list[str]:
