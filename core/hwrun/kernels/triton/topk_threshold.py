@@ -1,25 +1,28 @@
-"""indexer.topk through a threshold from segment maxima: each row is read about twice, and the
+"""indexer.topk through a threshold from segment maxima: each row is read once in full and again
+only in the segments that reach the threshold (about a quarter of a 131072-column row), and the
 exact selection runs over a few thousand candidates held in registers.
 
 1. ``_segment_max`` (rows x tiles programs): the largest key of every aligned segment of
    ``2**level`` columns of the row's window; ``level`` is per row, the smallest that leaves at
-   most ``M >= 4k`` segments, so every window longer than 2k columns has between 2k and 4k of
-   them (a short window in a long padded row keeps fine segments).
+   most ``M >= 4k`` segments, so a window longer than M columns keeps more than M/2 >= 2k of
+   them (and a short window in a long padded row keeps fine segments).
 2. ``_threshold`` (one program per row): T, the k-th largest segment maximum rounded down to
    its top ``THRESHOLD_BITS`` bits, by a bitwise search over the maxima in registers. The
    maxima are k distinct columns scoring >= T, so T is never above the row's k-th key: every
    column of the result, ties at the k-th key included, scores >= T.
 3. ``_compact`` (rows x chunks programs): the window's keys >= T, read only in segments whose
-   maximum reaches T, appended to a per-row buffer of ``CAP`` slots (one atomic per tile).
+   maximum reaches T, appended to a per-row buffer of ``CAP`` slots (one atomic per tile,
+   the next tile's loads issued before it).
 4. ``_select`` (one program per row): the exact k-th key among the candidates by a bitwise
    search in registers; ties at it go by smallest index. A row with more than ``CAP``
    candidates (heavy ties, scores clustered in whole segments) takes an exact slow path in the
    same program: 8-bit radix histograms over its window, then one ordered sweep.
 
 With m segments and independent scores a row has about -m ln(1 - k/m) candidates (2357 for
-m = 8192, k = 2048). Nothing waits on the host and allocations depend on shapes only, so a CUDA
-graph captures it. Keys are the radix kernel's order-preserving uint32 (NaN as -inf, -0.0 as
-+0.0). The output order is the candidates' (atomic) order: the contract compares sets.
+m = 8192, k = 2048; under 1.39k while m > 2k). Nothing waits on the host and allocations depend
+on shapes only, so a CUDA graph captures it. Keys are the radix kernel's order-preserving uint32
+(NaN as -inf, -0.0 as +0.0). The output order is the candidates' (atomic) order: the contract
+compares sets.
 """
 
 from __future__ import annotations
