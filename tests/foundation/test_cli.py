@@ -55,7 +55,8 @@ def test_ops_validates_on_the_platforms_target(monkeypatch):
     rows = json.loads(run("ops", "--platform", "nvidia", "--json").output)
     served = {r["op"]: r["selected"] for r in rows}
     assert served["indexer.topk"] == served["kv.write_latent"] == "triton"
-    assert served["moe.route"] == "reference:reference"  # no NVIDIA impl of it
+    assert served["moe.route"] == served["indexer.to_slots"] == "triton"
+    assert served["moe.requant"] == "reference:reference"  # no NVIDIA impl of it
 
 
 def test_ops_shape_answers_for_the_given_spec(monkeypatch):
@@ -94,7 +95,7 @@ def test_ops_no_fallback_exits_non_zero_when_an_op_is_unserved(monkeypatch):
     assert served.exit_code == 0
     result = CliRunner().invoke(cli, ["ops", "--platform", "nvidia", "--no-fallback", "--json"])
     assert result.exit_code == 1
-    assert "--no-fallback: " in result.output and "nvidia:moe.route" in result.output
+    assert "--no-fallback: " in result.output and "nvidia:moe.requant" in result.output
     fallback = run("ops", "--platform", "nvidia", "--json")
     assert fallback.exit_code == 0
 

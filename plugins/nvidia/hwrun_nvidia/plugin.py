@@ -1,8 +1,9 @@
 """Hooks of the NVIDIA platform: the portable Triton tier (core's kernels, Hopper defaults)
 under the DeepGEMM and FlashMLA adapters (:mod:`hwrun_nvidia.deepgemm`, :mod:`.flashmla`).
 
-Priorities: a vendor adapter (when its library imports and the spec suits it) 20, Triton 10,
-the graph-safe torch impls of to_slots and moe.route (CUDA only) 5.
+Priorities: a vendor adapter (when its library imports and the spec suits it) 20, Triton 10
+(to_slots and moe.route included, one launch each), the graph-safe torch impls of to_slots and
+moe.route (CUDA only) 5, kept under Triton for a pin or a spec the Triton tier refuses.
 The adapters need a CUDA device; the Triton tier also runs on CPU tensors in Triton's
 interpreter. The kernels' defaults are the H200's: the paged indexer logits run 4 warps per
 64-token block with 4 cp.async stages (~8 programs per multiprocessor); the sparse MLA decode
@@ -74,7 +75,7 @@ def hwrun_register_ops(registry: OpRegistry) -> None:
     vendor libraries are imported at the first call, so loading the plugin stays cheap and
     works without a GPU."""
     TRITON.register(registry)
-    register_torch_tier(registry)  # graph-safe to_slots / moe.route for CUDA-graph decode
+    register_torch_tier(registry)  # graph-safe to_slots / moe.route under Triton's
     deepgemm.register(registry)
     flashmla.register(registry)
 

@@ -17,8 +17,10 @@ TRITON_OPS = {
     "indexer.logits_paged",
     "indexer.logits_ragged",
     "indexer.topk",
+    "indexer.to_slots",
     "sparse_mla.decode",
     "sparse_mla.prefill",
+    "moe.route",
     "moe.experts",
     "attn.lse_combine",
     "kv.write_latent",
@@ -107,6 +109,18 @@ def test_claims_on_an_h200_target(monkeypatch: pytest.MonkeyPatch):
     claims = plugin.hwrun_capabilities(Target("nvidia", "cuda", (h200,)))
     assert claims.ops == TRITON_OPS
     assert claims.formats == CLAIMED_FORMATS
+
+
+@pytest.mark.parametrize("op", ["moe.route", "indexer.to_slots"])
+def test_triton_serves_route_and_to_slots_over_the_torch_tier(monkeypatch, op: str):
+    """One launch each where the torch tier takes several: Triton is chosen on an H200, both
+    graph-safe and batch-invariant; the torch impl stays registered under it."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(device_checks, "_cuda_available", lambda: True)
+    registry = _registry()
+    assert [impl.name for impl in registry.impls(op)] == ["triton", "torch"]
+    chosen = registry.select(OpSpec(op=op, device_type="cuda", arch="sm_90")).impl
+    assert chosen.name == "triton" and chosen.graph_safe and chosen.batch_invariant
 
 
 def test_devices_come_from_nvml(monkeypatch: pytest.MonkeyPatch):

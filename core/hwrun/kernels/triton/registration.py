@@ -203,6 +203,17 @@ def _topk(
     return topk(logits, starts, ends, k)
 
 
+def _to_slots(
+    indices: torch.Tensor,  # [R, k] int32, -1 = no token
+    block_table: torch.Tensor,  # [B, max_blocks] int32
+    block_size: int,
+    request_of_row: torch.Tensor | None = None,  # [R] int
+) -> torch.Tensor:  # [R, k] int32
+    from hwrun.kernels.triton.to_slots import to_slots
+
+    return to_slots(indices, block_table, block_size, request_of_row)
+
+
 def _decode(
     q: torch.Tensor,  # [B, s, H, 576] bfloat16
     cache: torch.Tensor,  # [num_blocks, block_size, row_bytes] uint8
@@ -229,6 +240,30 @@ def _prefill(
     from hwrun.kernels.triton.sparse_mla import prefill
 
     return prefill(q, kv, indices, softmax_scale, topk_length, attn_sink)
+
+
+def _route(
+    router_logits: torch.Tensor,  # [T, E] float
+    top_k: int,
+    scoring: str = "softmax",
+    n_group: int | None = None,
+    topk_group: int | None = None,
+    e_score_correction_bias: torch.Tensor | None = None,  # [E] float
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, k] float32, ids [T, k] int32
+    from hwrun.kernels.triton.moe_route import route
+
+    return route(
+        router_logits,
+        top_k,
+        scoring,
+        n_group,
+        topk_group,
+        e_score_correction_bias,
+        renormalize,
+        routed_scaling_factor,
+    )
 
 
 def _experts(
@@ -304,6 +339,12 @@ def _topk_limits(spec: OpSpec) -> list[str]:
     return dtype_reasons(spec, ("float32",), "logits")
 
 
+def _to_slots_limits(spec: OpSpec) -> list[str]:
+    if spec.block_size is not None and spec.block_size <= 0:
+        return [f"block_size must be positive, got {spec.block_size}"]
+    return []
+
+
 def _decode_limits(spec: OpSpec) -> list[str]:
     reasons = format_reasons(spec, LATENT_FORMATS_DECODE, "latent")
     reasons += dtype_reasons(spec, ("bfloat16", "float16"), "query")
@@ -317,6 +358,14 @@ def _prefill_limits(spec: OpSpec) -> list[str]:
     reasons = dtype_reasons(spec, ("bfloat16", "float16"), "query")
     if spec.head_dim not in (None, 576):
         reasons.append(f"head_dim must be 576 (absorbed MLA), got {spec.head_dim}")
+    return reasons
+
+
+def _route_limits(spec: OpSpec) -> list[str]:
+    # E is not part of the spec: the host function refuses a router over MAX_EXPERT_LANES.
+    reasons = dtype_reasons(spec, INPUT_DTYPES, "router logits")
+    if spec.topk is not None and spec.topk <= 0:
+        reasons.append(f"topk must be positive, got {spec.topk}")
     return reasons
 
 
@@ -408,6 +457,13 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
             # Candidates are appended with atomics: the set is fixed, the order is not on a GPU.
             batch_invariant=False,
         ),
+        TritonKernel(
+            "indexer.to_slots",
+            _to_slots,
+            _to_slots_limits,
+            "block-table lookup in one launch; -1 for padding, unallocated or past-the-table "
+            "positions",
+        ),
     ),
     "sparse_mla": (
         TritonKernel(
@@ -429,6 +485,13 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
         ),
     ),
     "moe": (
+        TritonKernel(
+            "moe.route",
+            _route,
+            _route_limits,
+            "one launch: scores, grouped top-2 group scores, top-k by argmax rounds (smallest "
+            "id wins ties), renormalized and scaled",
+        ),
         TritonKernel(
             "moe.experts",
             _experts,
