@@ -25,6 +25,8 @@ INTERPRETER_MODULES = {
     "test_kv_write.py",
     "test_moe.py",
     "test_linear.py",
+    "test_moe_route.py",
+    "test_to_slots.py",
 }
 
 

@@ -411,3 +411,116 @@ def test_dense_linear_replays_in_a_cuda_graph():
     x.copy_(torch.randn(8, 4096, device="cuda"))
     graph.replay()
     torch.testing.assert_close(out, linear(x, weight), rtol=0, atol=0)
+
+
+# moe.route and indexer.to_slots: one launch each (the torch tier's took ~45 and ~6).
+
+
+def _router_logits(tokens: int, ties: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3.2's router: [T, 256] fp32 logits and an fp32 correction bias; with ``ties``
+    rounded to few distinct values, so equal choices decide ids at every rank."""
+    logits = torch.randn(tokens, 256, device="cuda") * 2
+    bias = torch.rand(256, device="cuda") * 0.1
+    if ties:
+        logits, bias = torch.round(logits * 2) / 2, torch.round(bias * 20) / 20
+    return logits, bias
+
+
+_DEEPSEEK_ROUTE = {
+    "scoring": "sigmoid",
+    "n_group": 8,
+    "topk_group": 4,
+    "routed_scaling_factor": 2.5,
+}
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 4096])
+@pytest.mark.parametrize("ties", [False, True])
+def test_moe_route_deepseek_shape(tokens, ties):
+    """Ids exactly the reference's, in its order; weights within the conformance tolerance."""
+    from hwrun.kernels.triton.moe_route import route
+    from hwrun.ops.moe_route import route as reference
+
+    logits, bias = _router_logits(tokens, ties)
+    weights, ids = route(logits, 8, e_score_correction_bias=bias, **_DEEPSEEK_ROUTE)
+    want_weights, want_ids = reference(logits, 8, e_score_correction_bias=bias, **_DEEPSEEK_ROUTE)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_weights, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("experts", "top_k", "options"),
+    [
+        (160, 6, {"scoring": "softmax", "n_group": 8, "topk_group": 3}),  # groups of 20
+        (384, 8, {"scoring": "sigmoid"}),  # Kimi-K2-sized, ungrouped
+        (60, 4, {"scoring": "softmax", "renormalize": False}),
+        (1024, 10, {"scoring": "sigmoid", "n_group": 1, "topk_group": 1}),  # four warps
+    ],
+)
+def test_moe_route_other_routers(experts, top_k, options):
+    from hwrun.kernels.triton.moe_route import route
+    from hwrun.ops.moe_route import route as reference
+
+    logits = (torch.randn(64, experts, device="cuda") * 2).to(torch.bfloat16)
+    weights, ids = route(logits, top_k, **options)
+    want_weights, want_ids = reference(logits, top_k, **options)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_weights, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows,next_n", [(64, 1), (32, 2)])
+def test_to_slots_decode_shape(rows, next_n):
+    """64 rows x 2048 positions over 2048-block tables of 64 tokens; -1 padding and rows
+    shorter than k; unallocated entries past each request's length."""
+    from hwrun.kernels.triton.to_slots import to_slots
+    from hwrun.ops.topk import to_slots as reference
+
+    requests, max_blocks, block_size, k = rows // next_n, 2048, 64, 2048
+    table = torch.randperm(requests * max_blocks, device="cuda").view(requests, max_blocks)
+    lengths = torch.randint(k, max_blocks * block_size + 1, (requests,), device="cuda")
+    used = (lengths + block_size - 1) // block_size
+    table = torch.where(torch.arange(max_blocks, device="cuda") < used[:, None], table, -1)
+    row_len = lengths.repeat_interleave(next_n)
+    positions = torch.randint(0, 1 << 30, (requests * next_n, k), device="cuda") % row_len[:, None]
+    positions[torch.rand(positions.shape, device="cuda") < 0.1] = -1
+    positions[1, 1500:] = -1  # a row shorter than k
+    positions, table = positions.to(torch.int32), table.to(torch.int32)
+    want = reference(positions, table, block_size)
+    assert torch.equal(to_slots(positions, table, block_size), want)
+
+
+def test_route_and_to_slots_are_one_launch_each_and_replay_in_a_cuda_graph():
+    """No host synchronisation and one kernel each: both capture, and a replay on new inputs
+    gives what the reference computes on them."""
+    from hwrun.kernels.triton.moe_route import route
+    from hwrun.kernels.triton.to_slots import to_slots
+    from hwrun.ops.moe_route import route as ref_route
+    from hwrun.ops.topk import to_slots as ref_slots
+
+    logits, bias = _router_logits(64, ties=True)
+    table = torch.randperm(64 * 2048, device="cuda").view(64, 2048).to(torch.int32)
+    positions = torch.randint(-1, 2048 * 64, (64, 2048), device="cuda", dtype=torch.int32)
+
+    def step():
+        routed = route(logits, 8, e_score_correction_bias=bias, **_DEEPSEEK_ROUTE)
+        return routed, to_slots(positions, table, 64)
+
+    step()  # compile outside the capture and the profile
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sorted(kernels) == ["_route_kernel", "_to_slots_kernel"], kernels
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        (weights, ids), slots = step()
+    new_logits, new_bias = _router_logits(64, ties=True)
+    logits.copy_(new_logits)
+    bias.copy_(new_bias)
+    positions.copy_(torch.randint(-1, 2048 * 64, (64, 2048), device="cuda", dtype=torch.int32))
+    graph.replay()
+    want_weights, want_ids = ref_route(logits, 8, e_score_correction_bias=bias, **_DEEPSEEK_ROUTE)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_weights, atol=1e-5, rtol=1e-5)
+    assert torch.equal(slots, ref_slots(positions, table, 64))
