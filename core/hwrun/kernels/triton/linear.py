@@ -42,7 +42,7 @@ import triton.language as tl
 
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
-from hwrun.kernels.triton.moe import FORMAT_CODES, weight_tile
+from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, weight_tile
 from hwrun.ops.linear import check_linear_args
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hwrun import knobs
+from hwrun.ops.linear import LINEAR_WEIGHT_FORMATS
 from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_reasons
 
 if TYPE_CHECKING:
@@ -34,8 +35,9 @@ INDEX_KEY_FORMATS = ("fp8", "mxfp4")
 QUERY_DTYPES = ("float8_e4m3fn", "bfloat16", "float16", "float32")
 LATENT_FORMATS_DECODE = ("fp8_ds_mla", "bf16")
 INPUT_DTYPES = ("bfloat16", "float16", "float32")
+# Kept here, not imported from the kernels' weight_tiles.WEIGHT_FORMATS: this module must not
+# import Triton (it registers the tier where Triton may be missing).
 EXPERT_WEIGHT_FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0", "int4_g128")
-LINEAR_WEIGHT_FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0")
 
 
 def _never(spec: OpSpec) -> bool:
