@@ -15,9 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from hwrun.engine.batch import ScheduledChunk
-from hwrun.engine.config import EngineConfig
 from hwrun.engine.model_config import load_model_config
-from hwrun.engine.model_runner import build_model_runner
 from hwrun.engine.op_table import OpTable
 from hwrun.engine.tensor_parallel import _cols, _rows, tp_reasons
 from hwrun.engine.weights import Linear, bind_linears, load_weights, quantized_linear_formats
@@ -105,10 +103,10 @@ def test_bound_linears_call_the_resolved_op_at_every_call(fp8_model):
         assert not q_a(x).any()  # a replacement in the table reaches the bound linear
 
 
-def test_the_cpu_reference_decodes_each_weight_once_at_startup(fp8_model):
-    runner = build_model_runner(
-        EngineConfig(model=str(fp8_model.path), platform="reference", num_kv_tokens=8 * 64)
-    )
+def test_the_cpu_reference_decodes_each_weight_once_at_startup(plugins, fp8_model):  # noqa: F811
+    # The plugins fixture, not load_plugins(): the GPU machine runs the tree uninstalled, where
+    # only HWRUN_DISABLE_ENTRY_POINTS (which the tests' conftest clears) builds the reference in.
+    runner = _runner(plugins, model=str(fp8_model.path), platform="reference", num_kv_tokens=8 * 64)
     served = {c.op: c.platform for c in runner.op_table}
     assert served["dense.linear"] == "reference"
     loaded = load_weights(fp8_model.path, runner.model_config, "cpu", torch.float32)
@@ -119,11 +117,9 @@ def test_the_cpu_reference_decodes_each_weight_once_at_startup(fp8_model):
     assert logits.shape == (1, 128) and torch.isfinite(logits).all()
 
 
-def test_a_bf16_checkpoint_needs_no_dense_linear(tmp_path):
+def test_a_bf16_checkpoint_needs_no_dense_linear(plugins, tmp_path):  # noqa: F811
     build_tiny_model(tmp_path, seed=4)
-    runner = build_model_runner(
-        EngineConfig(model=str(tmp_path), platform="reference", num_kv_tokens=8 * 64)
-    )
+    runner = _runner(plugins, model=str(tmp_path), platform="reference", num_kv_tokens=8 * 64)
     assert "dense.linear" not in {c.op for c in runner.op_table}
 
 
