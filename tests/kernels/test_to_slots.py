@@ -28,6 +28,10 @@ def _inputs(requests: int, n: int, k: int, block_size: int, max_blocks: int, see
     positions[torch.rand(rows, k, generator=g) < 0.2] = -1
     short = torch.randint(0, k + 1, (rows,), generator=g)  # a top-k row shorter than k
     positions[torch.arange(k)[None, :] >= short[:, None]] = -1
+    # Whatever the draw, one valid position and one padding entry (a one-row case could
+    # otherwise come out all padding or none).
+    positions[0, 0] = 0
+    positions[-1, -1] = -1
     return positions.to(torch.int32), table.to(torch.int32)
 
 
