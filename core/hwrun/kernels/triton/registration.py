@@ -9,8 +9,8 @@ Triton's fp8 type). :func:`host_reasons` is the part every plugin shares: Triton
 installed, and CPU tensors run only in Triton's interpreter (``TRITON_INTERPRET=1``).
 A plugin registers and claims the whole tier through one :class:`TritonTier`.
 
-The host functions import their kernel module at the first call, so loading a plugin imports
-neither Triton nor the kernels.
+The host functions (host_calls.py) import their kernel module at the first call, so loading a
+plugin imports neither Triton nor the kernels.
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hwrun import knobs
+from hwrun.kernels.triton import host_calls
 from hwrun.ops.linear import LINEAR_WEIGHT_FORMATS
 from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_reasons
 
 if TYPE_CHECKING:
-    import torch
-
-    from hwrun.ops.quantized_weight import QuantizedWeight
     from hwrun.target import Target
 
 TRITON_PRIORITY = 10  # under vendor-library adapters (20), over nothing: the portable floor
@@ -163,167 +161,6 @@ class TritonTier:
         )
 
 
-# Host functions: the contract's arguments, the kernel's defaults (tuned on the H200).
-
-
-def _logits_paged(
-    q: torch.Tensor,  # [B, n, H, 128]
-    weights: torch.Tensor,  # [B * n, H] float32
-    cache: torch.Tensor,  # [num_blocks, block_size * bytes_per_token] uint8
-    fmt: str,
-    block_table: torch.Tensor,  # [B, max_blocks] int32
-    context_lens: torch.Tensor,  # [B, n] int32
-    max_ctx: int,
-) -> torch.Tensor:  # [B * n, max_ctx] float32
-    from hwrun.kernels.triton.indexer_logits import logits_paged
-
-    return logits_paged(q, weights, cache, fmt, block_table, context_lens, max_ctx)
-
-
-def _logits_ragged(
-    q: torch.Tensor,  # [M, H, 128]
-    weights: torch.Tensor,  # [M, H] float32
-    key_elements: torch.Tensor,  # [N, element_bytes] uint8
-    key_scales: torch.Tensor,  # [N, scale_bytes] uint8
-    fmt: str,
-    ks: torch.Tensor,  # [M] int32
-    ke: torch.Tensor,  # [M] int32
-) -> torch.Tensor:  # [M, N] float32
-    from hwrun.kernels.triton.indexer_logits import logits_ragged
-
-    return logits_ragged(q, weights, key_elements, key_scales, fmt, ks, ke)
-
-
-def _topk(
-    logits: torch.Tensor,  # [R, L] float32
-    starts: torch.Tensor,  # [R] int32
-    ends: torch.Tensor,  # [R] int32
-    k: int,
-) -> torch.Tensor:  # [R, k] int32
-    from hwrun.kernels.triton.topk_threshold import topk
-
-    return topk(logits, starts, ends, k)
-
-
-def _to_slots(
-    indices: torch.Tensor,  # [R, k] int32, -1 = no token
-    block_table: torch.Tensor,  # [B, max_blocks] int32
-    block_size: int,
-    request_of_row: torch.Tensor | None = None,  # [R] int
-) -> torch.Tensor:  # [R, k] int32
-    from hwrun.kernels.triton.to_slots import to_slots
-
-    return to_slots(indices, block_table, block_size, request_of_row)
-
-
-def _decode(
-    q: torch.Tensor,  # [B, s, H, 576] bfloat16
-    cache: torch.Tensor,  # [num_blocks, block_size, row_bytes] uint8
-    fmt: str,
-    slots: torch.Tensor,  # [B, s, k] int32
-    softmax_scale: float,
-    topk_length: torch.Tensor | None = None,  # [B, s] int32
-    attn_sink: torch.Tensor | None = None,  # [H] float32
-    latent_scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, s, H, 512], lse [B, s, H] float32
-    from hwrun.kernels.triton.sparse_mla import decode
-
-    return decode(q, cache, fmt, slots, softmax_scale, topk_length, attn_sink, latent_scale)
-
-
-def _prefill(
-    q: torch.Tensor,  # [T, H, 576] bfloat16
-    kv: torch.Tensor,  # [S, 576] bfloat16 / float32 workspace
-    indices: torch.Tensor,  # [T, k] int32, -1 invalid
-    softmax_scale: float,
-    topk_length: torch.Tensor | None = None,  # [T] int32
-    attn_sink: torch.Tensor | None = None,  # [H] float32
-) -> tuple[torch.Tensor, torch.Tensor]:  # out [T, H, 512], lse [T, H] float32
-    from hwrun.kernels.triton.sparse_mla import prefill
-
-    return prefill(q, kv, indices, softmax_scale, topk_length, attn_sink)
-
-
-def _route(
-    router_logits: torch.Tensor,  # [T, E] float
-    top_k: int,
-    scoring: str = "softmax",
-    n_group: int | None = None,
-    topk_group: int | None = None,
-    e_score_correction_bias: torch.Tensor | None = None,  # [E] float
-    renormalize: bool = True,
-    routed_scaling_factor: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, k] float32, ids [T, k] int32
-    from hwrun.kernels.triton.moe_route import route
-
-    return route(
-        router_logits,
-        top_k,
-        scoring,
-        n_group,
-        topk_group,
-        e_score_correction_bias,
-        renormalize,
-        routed_scaling_factor,
-    )
-
-
-def _experts(
-    x: torch.Tensor,  # [T, D]
-    w13: QuantizedWeight,  # [E, 2I, D]
-    w2: QuantizedWeight,  # [E, D, I]
-    ids: torch.Tensor,  # [T, k] int, -1 = not served here
-    weights: torch.Tensor,  # [T, k] float32
-    activation_mode: str = "bf16",
-    shared_experts: tuple[QuantizedWeight, QuantizedWeight] | None = None,
-) -> torch.Tensor:  # [T, D] x.dtype
-    from hwrun.kernels.triton.moe import experts
-
-    return experts(x, w13, w2, ids, weights, activation_mode, shared_experts)
-
-
-def _linear(
-    x: torch.Tensor,  # [T, C] bfloat16
-    weight: QuantizedWeight,  # [R, C]
-) -> torch.Tensor:  # [T, R] bfloat16
-    from hwrun.kernels.triton.linear import linear
-
-    return linear(x, weight)
-
-
-def _lse_combine(
-    outs: torch.Tensor,  # [W, ..., D]
-    lses: torch.Tensor,  # [W, ...] float32
-) -> tuple[torch.Tensor, torch.Tensor]:  # out [..., D], lse [...]
-    from hwrun.kernels.triton.lse_combine import lse_combine
-
-    return lse_combine(outs, lses)
-
-
-def _write_latent(
-    cache: torch.Tensor,  # [num_blocks, block_size, row_bytes] uint8
-    nope: torch.Tensor,  # [T, 512]
-    rope: torch.Tensor,  # [T, 64]
-    slots: torch.Tensor,  # [T] int32
-    fmt: str,
-    scale: float | None = None,
-) -> None:
-    from hwrun.kernels.triton.kv_write import write_latent
-
-    write_latent(cache, nope, rope, slots, fmt, scale)
-
-
-def _write_index_keys(
-    cache: torch.Tensor,  # [num_blocks, block_size * bytes_per_token] uint8
-    keys: torch.Tensor,  # [T, 128]
-    slots: torch.Tensor,  # [T] int32
-    fmt: str,
-) -> None:
-    from hwrun.kernels.triton.kv_write import write_index_keys
-
-    write_index_keys(cache, keys, slots, fmt)
-
-
 # Limits of each kernel, whatever the device.
 
 
@@ -434,7 +271,7 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
     "indexer": (
         TritonKernel(
             "indexer.logits_paged",
-            _logits_paged,
+            host_calls.logits_paged,
             _logits_limits,
             "fp8 / mxfp4 keys read packed (68 B/token for mxfp4)",
             INDEX_KEY_FORMATS,
@@ -443,7 +280,7 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
         ),
         TritonKernel(
             "indexer.logits_ragged",
-            _logits_ragged,
+            host_calls.logits_ragged,
             _logits_limits,
             "fp8 / mxfp4 keys, one key tile against a group of rows",
             INDEX_KEY_FORMATS,
@@ -452,7 +289,7 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
         ),
         TritonKernel(
             "indexer.topk",
-            _topk,
+            host_calls.topk,
             _topk_limits,
             "threshold from segment maxima, exact select among the candidates in registers "
             "(smallest index wins ties; radix select for k > 4096 and overflowing rows)",
@@ -461,7 +298,7 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
         ),
         TritonKernel(
             "indexer.to_slots",
-            _to_slots,
+            host_calls.to_slots,
             _to_slots_limits,
             "block-table lookup in one launch; -1 for padding, unallocated or past-the-table "
             "positions",
@@ -470,7 +307,7 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
     "sparse_mla": (
         TritonKernel(
             "sparse_mla.decode",
-            _decode,
+            host_calls.decode,
             _decode_limits,
             "rows gathered from the paged cache as stored, online softmax",
             LATENT_FORMATS_DECODE,
@@ -481,7 +318,7 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
         ),
         TritonKernel(
             "sparse_mla.prefill",
-            _prefill,
+            host_calls.prefill,
             _prefill_limits,
             "the decode kernel over the gathered bf16 / fp32 workspace, top-k never split",
         ),
@@ -489,14 +326,14 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
     "moe": (
         TritonKernel(
             "moe.route",
-            _route,
+            host_calls.route,
             _route_limits,
             "one launch: scores, grouped top-2 group scores, top-k by argmax rounds (smallest "
             "id wins ties), renormalized and scaled",
         ),
         TritonKernel(
             "moe.experts",
-            _experts,
+            host_calls.experts,
             _experts_limits,
             "tokens grouped by expert, gate/up + SiLU-mul and down GEMMs, fp8 block-128 and "
             "W4A16 int4 group-128 codes decoded in the kernel",
@@ -512,7 +349,7 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
     "dense": (
         TritonKernel(
             "dense.linear",
-            _linear,
+            host_calls.linear,
             _linear_limits,
             "block-FP8 codes read as stored and scaled per 128-wide K step; decode rows split "
             "K across the SMs",
@@ -526,7 +363,7 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
     "attn": (
         TritonKernel(
             "attn.lse_combine",
-            _lse_combine,
+            host_calls.lse_combine,
             _lse_combine_limits,
             "parts folded in index order, -inf parts add nothing",
         ),
@@ -535,14 +372,14 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
         # The writes compute e4m3 / e2m1 bits with integer arithmetic: no fp8 hardware involved.
         TritonKernel(
             "kv.write_latent",
-            _write_latent,
+            host_calls.write_latent,
             _latent_write_limits,
             "quantize and scatter in one pass, fp8_ds_mla / bf16 rows",
             ("fp8_ds_mla", "bf16"),
         ),
         TritonKernel(
             "kv.write_index_keys",
-            _write_index_keys,
+            host_calls.write_index_keys,
             _index_key_write_limits,
             "quantize and scatter in one pass, fp8 / mxfp4",
             INDEX_KEY_FORMATS,
