@@ -37,7 +37,13 @@ from hwrun.engine.fused import ModelFunctions
 from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
 from hwrun.engine.op_table import ModelFormats, OpTable
 from hwrun.engine.rope import RotaryEmbedding
-from hwrun.engine.weights import AttentionWeights, DenseMLPWeights, ModelWeights, MoEWeights
+from hwrun.engine.weights import (
+    AttentionWeights,
+    DenseMLPWeights,
+    IndexerWeights,
+    ModelWeights,
+    MoEWeights,
+)
 from hwrun.formats.index_keys import get_index_key_format
 from hwrun.formats.latent import get_latent_format
 from hwrun.kv.layout import PackedLayout
@@ -142,17 +148,21 @@ class DeepseekV32:
         sin: torch.Tensor,
         meta: StepMetadata,
     ) -> torch.Tensor:  # [T, hidden]
-        c = self.config
+        c, ix = self.config, w.indexer
         tokens = x.shape[0]
-        q_resid = self._rms_norm(w.q_a_proj(x, self.row_by_row), w.q_a_norm, NORM_EPS)
-        q = w.q_b_proj(q_resid, self.row_by_row).view(tokens, c.num_heads, c.qk_head_dim)
+        q_a, index_k, compressed = self._projections(
+            w.from_hidden, (w.q_a_proj, ix.wk, w.kv_a_proj), x
+        )
+        q_resid = self._rms_norm(q_a, w.q_a_norm, NORM_EPS)
+        q, q_index = self._projections(w.from_q_lora, (w.q_b_proj, ix.wq_b), q_resid)
+        q = q.view(tokens, c.num_heads, c.qk_head_dim)
         q_nope, q_rope = q.split([c.qk_nope_head_dim, ROPE_DIM], dim=-1)
         q_latent = self._per_head(q_nope, w.w_uk, transpose=False)  # [T, H, 512]
         q_mla = self.fn.mla_query(q_latent, q_rope, cos, sin)
 
         latent, k_rope = self._rows(
             lambda rows, c, s: self.fn.latent_and_key_rope(rows, w.kv_a_norm, c, s, NORM_EPS),
-            w.kv_a_proj(x, self.row_by_row),
+            compressed,
             cos,
             sin,
         )
@@ -160,7 +170,7 @@ class DeepseekV32:
             self.latent_views[index], latent, k_rope, meta.slots, self.formats.latent_format
         )
 
-        q_index, index_weights, index_keys = self._indexer_inputs(w, x, q_resid, cos, sin)
+        q_index, index_weights, index_keys = self._indexer_inputs(ix, x, q_index, index_k, cos, sin)
         self.ops["kv.write_index_keys"](
             self.index_views[index], index_keys, meta.slots, self.formats.index_format
         )
@@ -182,15 +192,21 @@ class DeepseekV32:
         values = self._per_head(out, w.w_uv, transpose=True)  # [T, H, v]
         return w.o_proj(values.reshape(tokens, -1), self.row_by_row)
 
-    def _indexer_inputs(self, w: AttentionWeights, x, q_resid, cos, sin):
-        """The indexer's query [T, Hi, 128], head weights [T, Hi] fp32 and key [T, 128]."""
-        ix, tokens = w.indexer, x.shape[0]
-        q = ix.wq_b(q_resid, self.row_by_row).view(tokens, self.config.index_n_heads, -1)
+    def _projections(self, fused, linears, x) -> tuple[torch.Tensor, ...]:
+        """``linears`` of ``x``: one joined product when ``fused`` is set, else each alone."""
+        if fused is not None:
+            return fused(x, self.row_by_row)
+        return tuple(linear(x, self.row_by_row) for linear in linears)
+
+    def _indexer_inputs(self, ix: IndexerWeights, x, q, k, cos, sin):
+        """The indexer's query [T, Hi, 128], head weights [T, Hi] fp32 and key [T, 128], from
+        its projections ``q`` = wq_b(q_resid) and ``k`` = wk(x)."""
+        q = q.view(x.shape[0], self.config.index_n_heads, -1)
         k = self._rows(
             lambda rows, c, s: self.fn.index_key(
                 rows, ix.k_norm_weight, ix.k_norm_bias, c, s, NORM_EPS
             ),
-            ix.wk(x, self.row_by_row),
+            k,
             cos,
             sin,
         )

@@ -24,6 +24,7 @@ from hwrun.engine.block_tables import BlockTables
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.context_parallel import ContextShard
 from hwrun.engine.cuda_graphs import DecodeGraphs, graph_blockers
+from hwrun.engine.fused_projections import fuse_projections
 from hwrun.engine.model import DecodeRows, DeepseekV32, PrefillRows, StepMetadata
 from hwrun.engine.model_config import ModelConfig, parse_model_config, read_config_json
 from hwrun.engine.op_table import (
@@ -309,6 +310,8 @@ def build_model_runner(
     if reasons:
         raise EngineStartupError(f"{model_dir} cannot run with --tp {shard.world}", reasons)
     weights = shard_weights(weights, model_config, shard.rank, shard.world)
+    if shard.world == 1:  # tensor parallelism splits these projections each its own way
+        weights = fuse_projections(weights)
     model_config = shard_config(model_config, shard.world)
     formats = ModelFormats(
         dtype=str(dtype).removeprefix("torch."),

@@ -83,6 +83,19 @@ class Linear:
 
 
 @dataclass(frozen=True, eq=False)
+class FusedLinear:
+    """Projections of one input as one product (one launch): ``linear``'s weight holds their rows
+    in turn, and the projections themselves (where the weights name them) are views into it;
+    ``widths`` are their output widths, in order. Built by ``fused_projections.py``."""
+
+    linear: Linear
+    widths: tuple[int, ...]
+
+    def __call__(self, x: torch.Tensor, row_by_row: bool = False) -> tuple[torch.Tensor, ...]:
+        return self.linear(x, row_by_row).split(self.widths, dim=-1)
+
+
+@dataclass(frozen=True, eq=False)
 class IndexerWeights:
     wq_b: Linear  # [Hi * 128, q_lora]
     wk: Linear  # [128, hidden]
@@ -102,6 +115,11 @@ class AttentionWeights:
     w_uv: torch.Tensor  # [H, v, 512]: latent output -> value head
     o_proj: Linear  # [hidden, H * v]
     indexer: IndexerWeights
+    # q_a, the indexer's wk and kv_a (all read x, in this order), and q_b with the indexer's
+    # wq_b (both read q_a's norm), each as one product when fuse_projections could join them;
+    # None: separate.
+    from_hidden: FusedLinear | None = None
+    from_q_lora: FusedLinear | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,8 +156,8 @@ class ModelWeights:
 
 def tensor_bytes(obj: object) -> int:
     """Bytes held by the tensors of a weights object (dataclasses, tuples, QuantizedWeights)."""
-    if obj is None:
-        return 0
+    if obj is None or isinstance(obj, FusedLinear):
+        return 0  # a fused product's bytes are its projections', which are views into it
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, QuantizedWeight):
