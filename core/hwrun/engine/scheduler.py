@@ -119,7 +119,10 @@ class Scheduler:
             seq_id=seq.seq_id,
             token_ids=seq.token_ids[start:end],
             start=start,
-            block_table=list(seq.block_table),
+            # The sequence's own list, not a copy (2,048 ids at 128K tokens, per sequence per
+            # step): chunks are built after every allocation of the step, a table only grows
+            # at the next step's allocation, and freeing rebinds seq.block_table to a new list.
+            block_table=seq.block_table,
             needs_logits=end == seq.num_tokens,
             all_logits=seq.needs_prompt_logprobs,
             table_epoch=seq.table_epoch,
