@@ -13,6 +13,7 @@ bytes (or FLOPs, when larger) would take at those rates over the measured time.
 from __future__ import annotations
 
 import math
+import pathlib
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,7 @@ import triton
 
 from hwrun.formats.index_keys import get_index_key_format
 from hwrun.formats.latent import get_latent_format
+from hwrun.report.bench import bench_file
 
 
 def bench(fn, warmup: int = 25, rep: int = 100, graph: bool = True) -> float:
@@ -118,3 +120,26 @@ def latent_cache(fmt: str, num_tokens: int, block_size: int = 64, seed: int = 0)
             torch.randn(n, 64, device="cuda", generator=g),
         )
     return rows.reshape(num_tokens // block_size, block_size, latent.row_bytes)
+
+
+def card_line(ceil: Ceilings) -> str:
+    """The first line of every GPU table: the card, the ceilings measured in the run, torch."""
+    name = torch.cuda.get_device_properties(0).name
+    return (
+        f"{name}, copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
+        f"{ceil.bf16_flops_per_s / 1e12:.0f} TFLOP/s, torch {torch.__version__}"
+    )
+
+
+def write_results(
+    out: str | None, stem: str, bench_name: str, head: str, rows: list[Row], log: list[str]
+) -> None:
+    """``stem``.md (the card line and the table), ``stem``.log and ``stem``.json (for
+    ``hwrun report``) in the folder ``out``; nothing when ``out`` is None."""
+    if not out:
+        return
+    folder = pathlib.Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.md").write_text(head + "\n\n" + markdown(rows) + "\n")
+    (folder / f"{stem}.log").write_text("\n".join(log) + "\n")
+    (folder / f"{stem}.json").write_text(bench_file(bench_name, head, [r.__dict__ for r in rows]))

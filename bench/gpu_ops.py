@@ -23,17 +23,18 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from gpu_bench_common import (
     Row,
     bench,
+    card_line,
     index_cache,
     latent_cache,
     markdown,
     measure_ceilings,
+    write_results,
 )
 
 from hwrun.kernels.triton import indexer_logits, kv_write, lse_combine, sparse_mla, topk_threshold
 from hwrun.ops import attn as ref_attn
 from hwrun.ops import indexer as ref_indexer
 from hwrun.ops import kv_write as ref_kv
-from hwrun.report.bench import bench_file
 
 HAS_DEEPGEMM = importlib.util.find_spec("deep_gemm") is not None
 HAS_FLASHMLA = importlib.util.find_spec("flash_mla") is not None
@@ -315,18 +316,14 @@ def ragged_rows(ceil):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tune", action="store_true", help="time launch-config grids first")
-    parser.add_argument("--out", default=None, help="directory for bench.md, bench.json, tune.log")
+    parser.add_argument("--out", default=None, help="directory for bench.md, bench.json, bench.log")
     parser.add_argument("--only", default="", help="comma list: indexer,topk,mla,small,ragged")
     args = parser.parse_args()
     torch.manual_seed(0)
     only = set(filter(None, args.only.split(",")))
     ceil = measure_ceilings()
-    props = torch.cuda.get_device_properties(0)
-    print(
-        f"{props.name}: copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
-        f"{ceil.bf16_flops_per_s / 1e12:.0f} TFLOP/s",
-        flush=True,
-    )
+    head = card_line(ceil)
+    print(head, flush=True)
     log: list[str] = []
     rows: list[Row] = []
     sections = (
@@ -344,18 +341,8 @@ def main() -> None:
         except Exception as exc:  # keep the other sections' numbers
             print(f"section {name} failed: {type(exc).__name__}: {exc}", flush=True)
         print(markdown(rows[-8:]), flush=True)
-    table = markdown(rows)
-    head = (
-        f"{props.name}, copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
-        f"{ceil.bf16_flops_per_s / 1e12:.0f} TFLOP/s, torch {torch.__version__}"
-    )
-    print("\n" + head + "\n\n" + table)
-    if args.out:
-        out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.md").write_text(head + "\n\n" + table + "\n")
-        (out / "tune.log").write_text("\n".join(log) + "\n")
-        (out / "bench.json").write_text(bench_file("gpu_ops", head, [r.__dict__ for r in rows]))
+    print("\n" + head + "\n\n" + markdown(rows))
+    write_results(args.out, "bench", "gpu_ops", head, rows, log)
 
 
 if __name__ == "__main__":

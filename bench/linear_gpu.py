@@ -37,11 +37,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from gpu_bench_common import Row, bench, markdown, measure_ceilings
+from gpu_bench_common import Row, bench, card_line, markdown, measure_ceilings, write_results
 
 from hwrun.kernels.triton import linear as tl_linear
 from hwrun.ops.quantized_weight import QuantizedWeight
-from hwrun.report.bench import bench_file
 
 SHAPES = {  # name -> (rows R, columns C, format)
     "q_a": (1536, 4096, "fp8_block128"),
@@ -174,23 +173,14 @@ def main() -> None:
     deadline = time.monotonic() + args.budget_s
     torch.manual_seed(0)
     ceil = measure_ceilings()
-    props = torch.cuda.get_device_properties(0)
-    head = (
-        f"{props.name}, copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
-        f"{ceil.bf16_flops_per_s / 1e12:.0f} TFLOP/s, torch {torch.__version__}"
-    )
+    head = card_line(ceil)
     print(head, flush=True)
     log: list[str] = []
     tokens = [int(t) for t in args.tokens.split(",")]
     rows = rows_for(ceil, args.shapes.split(","), tokens, args, log, deadline)
     table = markdown(rows)
     print("\n".join(log) + "\n\n" + head + "\n\n" + table)
-    if args.out:
-        out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "linear.md").write_text(head + "\n\n" + table + "\n")
-        (out / "linear.log").write_text("\n".join(log) + "\n")
-        (out / "linear.json").write_text(bench_file("linear_gpu", head, [r.__dict__ for r in rows]))
+    write_results(args.out, "linear", "linear_gpu", head, rows, log)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,10 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from gpu_bench_common import Row, bench, markdown, measure_ceilings
+from gpu_bench_common import Row, bench, card_line, markdown, measure_ceilings, write_results
 
 from hwrun.kernels.triton import moe, moe_align
 from hwrun.ops.quantized_weight import QuantizedWeight
-from hwrun.report.bench import bench_file
 
 EXPERTS, HIDDEN, INTER, TOP_K = 256, 7168, 2048, 8
 
@@ -229,11 +228,7 @@ def main() -> None:
     deadline = time.monotonic() + args.budget_s
     torch.manual_seed(0)
     ceil = measure_ceilings()
-    props = torch.cuda.get_device_properties(0)
-    head = (
-        f"{props.name}, copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
-        f"{ceil.bf16_flops_per_s / 1e12:.0f} TFLOP/s, torch {torch.__version__}"
-    )
+    head = card_line(ceil)
     print(head, flush=True)
     log: list[str] = []
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -244,12 +239,7 @@ def main() -> None:
         print(f"prefill row failed: {type(exc).__name__}: {exc}", flush=True)
     table = markdown(rows)
     print("\n".join(log) + "\n\n" + head + "\n\n" + table)
-    if args.out:
-        out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "moe.md").write_text(head + "\n\n" + table + "\n")
-        (out / "moe.log").write_text("\n".join(log) + "\n")
-        (out / "moe.json").write_text(bench_file("moe_gpu", head, [r.__dict__ for r in rows]))
+    write_results(args.out, "moe", "moe_gpu", head, rows, log)
 
 
 if __name__ == "__main__":

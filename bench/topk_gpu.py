@@ -29,11 +29,10 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(1, str(pathlib.Path(__file__).resolve().parent.parent))  # tests.kernels
 
-from gpu_bench_common import Row, bench, markdown, measure_ceilings
+from gpu_bench_common import Row, bench, card_line, markdown, measure_ceilings, write_results
 
 from hwrun.kernels.triton import topk as radix
 from hwrun.kernels.triton import topk_threshold as threshold
-from hwrun.report.bench import bench_file
 from tests.kernels.gpu_inputs import indexer_like_logits
 
 K = 2048
@@ -116,8 +115,7 @@ def main() -> None:
     deadline = time.monotonic() + args.budget_s
     torch.manual_seed(0)
     ceil = measure_ceilings()
-    props = torch.cuda.get_device_properties(0)
-    head = f"{props.name}, copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, torch {torch.__version__}"
+    head = card_line(ceil)
     print(head, flush=True)
     log: list[str] = []
     table = []
@@ -128,12 +126,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     text = markdown(table)
     print("\n".join(log) + "\n\n" + head + "\n\n" + text)
-    if args.out:
-        out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "topk.md").write_text(head + "\n\n" + text + "\n")
-        (out / "topk.log").write_text("\n".join(log) + "\n")
-        (out / "topk.json").write_text(bench_file("topk_gpu", head, [r.__dict__ for r in table]))
+    write_results(args.out, "topk", "topk_gpu", head, table, log)
 
 
 if __name__ == "__main__":
