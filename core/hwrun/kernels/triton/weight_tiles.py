@@ -27,7 +27,7 @@ _INT4_OFFSET = tl.constexpr(INT4_OFFSET)  # an int4_g128 nibble stores q + 8
 @triton.jit
 def weight_tile(
     w_base,  # this expert's weight
-    s_base,  # this expert's scales (fp8, int4)
+    s_base,  # this expert's scales (fp8)
     n,  # [BLOCK_N] output rows of the weight
     n_mask,
     k0,
@@ -38,13 +38,11 @@ def weight_tile(
     FORMAT: tl.constexpr,
     WIDE: tl.constexpr,
 ):
-    """The [BLOCK_N, BLOCK_K] weight tile in WIDE and, for fp8 and int4, its rows' scales
-    [BLOCK_N] for the 128 columns this K step lies in."""
-    byte = kk
-    if FORMAT == 3:  # int4: two columns per byte, column 2j in the low nibble of byte j
-        byte = kk // 2
+    """The [BLOCK_N, BLOCK_K] tile of a bf16 or block-FP8 weight in WIDE, and its rows' scales
+    [BLOCK_N] for the 128 columns this K step lies in (1 for bf16). int4 weights take
+    :func:`int4_product` instead."""
     raw = tl.load(
-        w_base + n[:, None] * stride_wn + byte[None, :],
+        w_base + n[:, None] * stride_wn + kk[None, :],
         mask=n_mask[:, None] & k_mask[None, :],
         other=0,
     )
@@ -53,11 +51,6 @@ def weight_tile(
     if FORMAT == 0:
         tile = raw.to(WIDE)
         scale = tl.full(n.shape, 1.0, tl.float32)
-    elif FORMAT == 3:
-        nibble = (raw.to(tl.int32) >> ((kk % 2) * 4)[None, :]) & 0xF
-        value = tl.where(k_mask[None, :], nibble - _INT4_OFFSET, 0)  # -8..7: exact in bf16
-        tile = value.to(tl.float32).to(WIDE)
-        scale = tl.load(s_base + n * stride_sn + k0 // 128, mask=n_mask, other=0.0)
     else:
         tile = raw.to(tl.float8e4nv, bitcast=True).to(WIDE)
         scale_ptrs = s_base + (n // 128) * stride_sn + k0 // 128
