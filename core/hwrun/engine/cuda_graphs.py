@@ -66,7 +66,7 @@ class DecodeGraphs:
     def _metadata(self, batch: int) -> StepMetadata:
         rows = self.rows[:batch]
         decode = DecodeRows(
-            rows, self.block_table[:batch], self.context_lens[:batch], self.max_context, True
+            rows, self.block_table[:batch], self.context_lens[:batch], self.max_context
         )
         return StepMetadata(
             self.input_ids[:batch], self.positions[:batch], self.slots[:batch], decode, None, rows

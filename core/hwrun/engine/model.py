@@ -61,9 +61,6 @@ class DecodeRows:
     block_table: torch.Tensor  # [B, max_blocks] int32, -1 past each request's blocks
     context_lens: torch.Tensor  # [B] int32, cached tokens including this one
     max_context: int
-    # rows is 0 .. T-1: the step is all decode rows, in order (a decode step; every replayed
-    # graph), so attention reads and writes whole tensors instead of gathering rows.
-    every_row: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +78,8 @@ class StepMetadata:
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
     slots: torch.Tensor  # [T] int32, where each token's KV is written
+    # Without prefill rows every row is a decode row, in order (a decode chunk is one token):
+    # decode.rows is then 0 .. T-1.
     decode: DecodeRows | None
     prefill: PrefillRows | None
     logit_rows: torch.Tensor  # [R] int64, rows whose logits the step returns
@@ -175,7 +174,7 @@ class DeepseekV32:
             self.index_views[index], index_keys, meta.slots, self.formats.index_format
         )
 
-        if meta.prefill is None and meta.decode is not None and meta.decode.every_row:
+        if meta.prefill is None:  # a decode step: whole tensors, no row gathers
             out = self._decode_attention(index, q_mla, q_index, index_weights, meta.decode)
         else:
             out = x.new_empty(tokens, c.num_heads, LATENT_RANK)

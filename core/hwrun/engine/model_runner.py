@@ -191,7 +191,6 @@ class ModelRunner:
                 block_table=torch.from_numpy(tables).to(device),
                 context_lens=tensor(decode_lens, torch.int32),
                 max_context=max(decode_lens),
-                every_row=not prefill_rows,  # one token per decode chunk, in chunk order
             )
         prefill = None
         if prefill_rows:
