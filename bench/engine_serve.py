@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,11 +38,6 @@ from engine_decode import copy_bandwidth, step_bytes
 from hwrun.engine.async_engine import AsyncEngine
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.sampling_params import SamplingParams
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 async def one_request(engine, prompt, output_len, request_id, slots, in_flight):
@@ -107,7 +103,8 @@ async def run_load(engine, args, rate: float, concurrency: int, seed: int) -> di
     }
     for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot)):
         for q in (50, 90, 99):
-            row[f"{name}_p{q}"] = percentile(values, q)
+            # a measured value (the nearest rank), not one interpolated between two
+            row[f"{name}_p{q}"] = float(np.percentile(values, q, method="inverted_cdf"))
     return row
 
 
