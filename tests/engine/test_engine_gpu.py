@@ -56,20 +56,21 @@ def _runner(plugins: PluginSet, **flags):
     return build_model_runner(EngineConfig(**flags), plugins)
 
 
+# 16 heads and 16 index heads: the Triton kernels take heads in tiles of 16.
+GPU_MODEL = dict(
+    hidden_size=128,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    index_n_heads=16,
+    index_topk=64,
+    num_hidden_layers=3,
+    max_position_embeddings=1024,
+)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gpu-model")
-    return build_tiny_model(
-        path,
-        seed=21,
-        hidden_size=128,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        index_n_heads=16,
-        index_topk=64,
-        num_hidden_layers=3,
-        max_position_embeddings=1024,
-    )
+    return build_tiny_model(tmp_path_factory.mktemp("gpu-model"), seed=21, **GPU_MODEL)
 
 
 def _logits(runner, prompt: list[int], blocks: list[int]) -> torch.Tensor:

@@ -23,6 +23,7 @@ from hwrun.ops.linear import linear as reference_linear
 from hwrun.ops.quantized_weight import QuantizedWeight, quantize_weight
 from hwrun.registry import OpImpl, Selection
 from tests.engine.test_engine_gpu import (  # the GPU engine test's helpers and platform
+    GPU_MODEL,
     MEDIAN_REL,
     _logits,
     _prompt,
@@ -146,19 +147,7 @@ def gpu_fp8_model(tmp_path_factory):
     """test_engine_gpu.py's model (16 heads and index heads, for the Triton attention kernels)
     with block-FP8 projections and experts, as DeepSeek ships them."""
     path = tmp_path_factory.mktemp("gpu-fp8-model")
-    return build_tiny_model(
-        path,
-        seed=22,
-        weights="fp8",
-        hidden_size=128,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        index_n_heads=16,
-        index_topk=64,
-        num_hidden_layers=3,
-        moe_intermediate_size=128,
-        max_position_embeddings=1024,
-    )
+    return build_tiny_model(path, seed=22, weights="fp8", moe_intermediate_size=128, **GPU_MODEL)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
