@@ -288,13 +288,14 @@ def _levels(length: int, segments: int) -> int:
 class ThresholdTiles:
     """Launch parameters. The defaults: 8 warps hold an 8192-key register tile in 32 registers
     a thread (_threshold, _select); 4096-column tiles give 16-byte loads, 4 per thread, in
-    _segment_max; _compact's gathered loads, a tile ahead, keep its tile at 2048 columns (90
-    registers, two programs per multiprocessor at 8 warps); ~8 compaction programs per SM."""
+    _segment_max; _compact takes 1024-column tiles (the H200 sweep of bench/topk_gpu.py: at
+    64 x 32768 41.4 us against 51.8 us with 2048, at 64 x 131072 87.9 against 116.1; rows of
+    one and eight were not swept); ~8 compaction programs per SM."""
 
     segments: int = 8192  # segment maxima per row (M, at least 4k): more, fewer candidates
     capacity: int = 8192  # candidate slots per row (CAP): a row with more takes the slow path
     block: int = 4096  # columns per tile of _segment_max
-    compact_block: int = 2048  # columns per tile of _compact and of the slow path
+    compact_block: int = 1024  # columns per tile of _compact and of the slow path
     chunks: int | None = None  # _compact programs per row; None: ~8 per multiprocessor
     num_warps: int = 8  # _segment_max, _compact
     select_warps: int = 8  # _threshold, _select (one program per row)
@@ -303,7 +304,8 @@ class ThresholdTiles:
 
 # What bench/topk_gpu.py --sweep times: one parameter at a time around the defaults (chunks,
 # per row count, the bench varies itself). 16384 candidates get 16 warps (at 8 the tile spills
-# heavily; ptxas for sm_90 still puts 248 bytes on the stack at 16). Not yet timed on the H200.
+# heavily; ptxas for sm_90 still puts 248 bytes on the stack at 16). Timed once on the H200
+# (2026-12-01, 64-row shapes): compact_block 1024 won and became the default.
 SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
     replace(ThresholdTiles(), **change)
     for change in (
@@ -313,8 +315,8 @@ SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
         {"capacity": 16384, "select_warps": 16},
         {"block": 2048},
         {"block": 8192},
-        {"compact_block": 1024},
-        {"compact_block": 4096},
+        {"compact_block": 512},
+        {"compact_block": 2048},
         {"num_warps": 4},
         {"num_warps": 16},
         {"select_warps": 16},
