@@ -8,7 +8,7 @@ import torch
 
 from hwrun.formats.fp8 import dequantize_fp8_block128
 from hwrun.ops.catalogue import catalogue
-from hwrun.ops.linear import LINEAR_WEIGHT_FORMATS, linear
+from hwrun.ops.linear import A8W8_WEIGHT_FORMATS, LINEAR_WEIGHT_FORMATS, linear, linear_a8w8
 from hwrun.ops.quantized_weight import quantize_weight
 from hwrun.registry import OpSpec
 
@@ -77,3 +77,54 @@ def test_is_catalogued_and_the_reference_refuses_other_formats():
     assert contract.reference_validate(contract.default_spec) == []
     reasons = contract.reference_validate(OpSpec("dense.linear", formats=("bf16", "nvfp4")))
     assert reasons and "['nvfp4']" in reasons[0]
+
+
+# -- dense.linear_a8w8 --------------------------------------------------------------------------
+
+
+def _deepseek_act_quant(x: torch.Tensor, ue8m0: bool) -> torch.Tensor:  # [T, C] -> float64
+    """x quantized per token and 128 columns as DeepSeek's ``act_quant`` and DeepGEMM's
+    per-token cast write it, in plain torch (not through hwrun.formats), decoded to float64."""
+    groups = x.float().view(x.shape[0], -1, 128)
+    scale = groups.abs().amax(-1).clamp(min=1e-4) / 448.0
+    if ue8m0:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    codes = (groups / scale[..., None]).to(torch.float8_e4m3fn)
+    return (codes.double() * scale.double()[..., None]).view(x.shape)
+
+
+@pytest.mark.parametrize("fmt", A8W8_WEIGHT_FORMATS)
+def test_a8w8_is_the_product_of_deepseeks_quantized_activations(fmt):
+    g = torch.Generator().manual_seed(11)
+    weight = quantize_weight(torch.randn(200, 384, generator=g) * 0.05, fmt, "w")
+    x = (torch.randn(6, 384, generator=g) * 3).to(torch.bfloat16)
+    x[1, :128] = 0  # an all-zero group: the 1e-4 amax floor
+    x[2, 130] = 2000.0  # an outlier sets its own group's scale only
+    got = linear_a8w8(x, weight)
+    assert got.dtype == torch.bfloat16 and got.shape == (6, 200)
+    exact = _deepseek_act_quant(x, fmt.endswith("ue8m0")) @ weight.dequantize().double().T
+    atol = 1e-6 * float(exact.abs().max())
+    torch.testing.assert_close(got.double(), exact, rtol=2**-8, atol=atol)
+    # Negative control: without the activations' quantization the outputs move by far more.
+    plain = linear(x, weight).double()
+    assert ((plain - exact).abs() > 2**-6 * exact.abs() + atol).any()
+
+
+def test_a8w8_rows_are_independent_and_refusals_name_the_op():
+    g = torch.Generator().manual_seed(12)
+    weight = quantize_weight(torch.randn(96, 256, generator=g), "fp8_block128", "w")
+    x = torch.randn(5, 256, generator=g).to(torch.bfloat16)
+    batched = linear_a8w8(x, weight)
+    for row in range(5):
+        assert torch.equal(
+            _bits(linear_a8w8(x[row : row + 1], weight)), _bits(batched[row : row + 1])
+        )
+    assert linear_a8w8(x[:0], weight).shape == (0, 96)
+    with pytest.raises(ValueError, match=r"dense.linear_a8w8: weight \(w\) is bf16; .* takes"):
+        linear_a8w8(x, quantize_weight(torch.randn(96, 256), "bf16", "w"))
+    with pytest.raises(ValueError, match="C = 200 must be a multiple of 128"):
+        linear_a8w8(torch.randn(2, 200), quantize_weight(torch.randn(8, 200), "fp8_block128", "w"))
+    contract = catalogue()["dense.linear_a8w8"]
+    assert contract.reference is linear_a8w8
+    assert contract.reference_validate(contract.default_spec) == []
+    assert contract.reference_validate(OpSpec("dense.linear_a8w8", formats=("bf16",)))

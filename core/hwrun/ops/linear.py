@@ -1,4 +1,9 @@
-"""The dense-linear op: ``dense.linear``, a projection over a weight held in its storage format.
+"""The dense-linear ops: a projection over a weight held in its storage format.
+
+- ``dense.linear``: bf16 activations (transformers' numerics);
+- ``dense.linear_a8w8``: activations rounded to fp8 first (DeepSeek's inference numerics).
+
+``dense.linear``
 
 ``out = x @ decode(W)^T`` for ``x [T, C]`` and ``W`` a :class:`QuantizedWeight` ``[R, C]`` in
 ``bf16``, ``fp8_block128`` or ``fp8_block128_ue8m0`` (a block-FP8 checkpoint's projections, kept
@@ -18,18 +23,33 @@ differently with its row count), so a row's output does not depend on the batch 
 
 ``OpSpec.formats`` of ``dense.linear``: every weight format the caller passes (the engine lists
 those of its block-FP8 projections), e.g. ``("fp8_block128",)``; ``dtype`` is ``x``'s.
+
+``dense.linear_a8w8``
+
+``out = decode(quantize(x)) @ decode(W)^T`` for a block-FP8 ``W``: ``x`` is first quantized per
+token and 128 columns to e4m3 (``hwrun.formats.fp8.quantize_fp8_groups``: scale
+``max(amax, 1e-4) / 448``, rounded up to a power of two when the weight's scales are ue8m0), as
+DeepSeek-V3/V3.2's inference code does before each of its FP8 GEMMs (``act_quant`` then
+``fp8_gemm``) and as DeepGEMM's ``fp8_gemm_nt`` and AITER's ``gemm_a8w8_blockscale`` take their
+input. Then ``dense.linear``'s numerics over the decoded activations: exact decodes, fp32 products
+and sums, one rounding to ``x``'s dtype. A kernel that multiplies the e4m3 codes of both sides
+and scales each 128-wide K step's sum by ``x_scale * w_scale`` differs by fp32 summation order
+and by where the scales' products round. ``C`` must be a multiple of 128.
 """
 
 from __future__ import annotations
 
 import torch
 
+from hwrun.formats.fp8 import BLOCK, dequantize_fp8_groups, quantize_fp8_groups
 from hwrun.ops.contract import OpContract
 from hwrun.ops.quantized_weight import QuantizedWeight
 from hwrun.registry import OpSpec
 
 # Weight formats of ``dense.linear`` (a subset of quantized_weight.WEIGHT_FORMATS).
 LINEAR_WEIGHT_FORMATS: tuple[str, ...] = ("bf16", "fp8_block128", "fp8_block128_ue8m0")
+# Weight formats of ``dense.linear_a8w8``: block-FP8 only (fp8 against fp8).
+A8W8_WEIGHT_FORMATS: tuple[str, ...] = ("fp8_block128", "fp8_block128_ue8m0")
 
 
 def linear(
@@ -46,20 +66,52 @@ def linear(
         on different devices.
     """
     check_linear_args(x, weight)
+    return _rows_times(x.float(), weight).to(x.dtype)
+
+
+def linear_a8w8(
+    x: torch.Tensor,  # [T, C] bfloat16 (any float dtype; the output has the same), C % 128 == 0
+    weight: QuantizedWeight,  # [R, C] in one of A8W8_WEIGHT_FORMATS
+) -> torch.Tensor:  # [T, R] x.dtype
+    """``decode(quantize(x)) @ decode(weight)^T`` in fp32, rounded once to ``x.dtype``: ``x``
+    quantized per token and 128 columns (see the module doc; ue8m0 scales with a ue8m0 weight).
+
+    :raises ValueError: every reason at once: ``dense.linear``'s, a format outside
+        A8W8_WEIGHT_FORMATS, C not a multiple of 128.
+    """
+    check_linear_args(x, weight, op="dense.linear_a8w8", formats=A8W8_WEIGHT_FORMATS)
+    return _rows_times(quantize_activations(x, weight.format), weight).to(x.dtype)
+
+
+def quantize_activations(x: torch.Tensor, weight_format: str) -> torch.Tensor:  # [T, C] fp32
+    """``x`` rounded to e4m3 per token and 128 columns and decoded back to fp32 (exactly), with
+    ue8m0 scales for a ``fp8_block128_ue8m0`` weight: ``dense.linear_a8w8``'s input."""
+    if x.shape[0] == 0:
+        return x.float()
+    ue8m0 = weight_format == "fp8_block128_ue8m0"
+    return dequantize_fp8_groups(*quantize_fp8_groups(x.float(), BLOCK, ue8m0=ue8m0))
+
+
+def _rows_times(xf: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:  # [T, R] fp32
     w = weight.dequantize()  # [R, C] fp32, exact
-    xf = x.float()
-    out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
-    for row in range(x.shape[0]):
+    out = torch.empty(xf.shape[0], w.shape[0], dtype=torch.float32, device=xf.device)
+    for row in range(xf.shape[0]):
         out[row] = w @ xf[row]
-    return out.to(x.dtype)
+    return out
 
 
-def check_linear_args(x: torch.Tensor, weight: QuantizedWeight) -> None:
-    """Every reason ``x`` and ``weight`` cannot be a ``dense.linear`` call, raised at once (shapes,
-    formats and devices only: nothing here reads a device value)."""
+def check_linear_args(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    op: str = "dense.linear",
+    formats: tuple[str, ...] = LINEAR_WEIGHT_FORMATS,
+) -> None:
+    """Every reason ``x`` and ``weight`` cannot be an ``op`` call (``dense.linear``, or
+    ``dense.linear_a8w8`` with its ``formats``), raised at once (shapes, formats and devices only:
+    nothing here reads a device value)."""
     if not isinstance(weight, QuantizedWeight):
         raise ValueError(
-            f"dense.linear: weight must be a QuantizedWeight [R, C], got {type(weight).__name__}; "
+            f"{op}: weight must be a QuantizedWeight [R, C], got {type(weight).__name__}; "
             "wrap a plain tensor with quantize_weight(w, 'bf16')"
         )
     problems = []
@@ -76,22 +128,32 @@ def check_linear_args(x: torch.Tensor, weight: QuantizedWeight) -> None:
             f"x is [T, C] = {list(x.shape)} but weight ({weight.name}) is [R, C] = "
             f"{list(weight.shape)}: C must agree"
         )
-    if weight.format not in LINEAR_WEIGHT_FORMATS:
+    if weight.format not in formats:
+        problems.append(f"weight ({weight.name}) is {weight.format}; {op} takes {list(formats)}")
+    if formats is A8W8_WEIGHT_FORMATS and len(weight.shape) == 2 and weight.shape[1] % BLOCK:
         problems.append(
-            f"weight ({weight.name}) is {weight.format}; dense.linear takes "
-            f"{list(LINEAR_WEIGHT_FORMATS)}"
+            f"C = {weight.shape[1]} must be a multiple of {BLOCK} (the activations are quantized "
+            f"in groups of {BLOCK}); run this weight through dense.linear"
         )
     if isinstance(x, torch.Tensor) and weight.device != x.device:
         problems.append(f"x is on {x.device} but weight ({weight.name}) on {weight.device}")
     if problems:
-        raise ValueError("dense.linear: " + "; ".join(problems))
+        raise ValueError(f"{op}: " + "; ".join(problems))
 
 
 def linear_reference_reasons(spec: OpSpec) -> list[str]:
     """The reference takes every weight format of the op, any float input, on any device."""
-    unknown = [f for f in spec.formats if f not in LINEAR_WEIGHT_FORMATS]
+    return _unknown_formats(spec, LINEAR_WEIGHT_FORMATS)
+
+
+def linear_a8w8_reference_reasons(spec: OpSpec) -> list[str]:
+    return _unknown_formats(spec, A8W8_WEIGHT_FORMATS)
+
+
+def _unknown_formats(spec: OpSpec, formats: tuple[str, ...]) -> list[str]:
+    unknown = [f for f in spec.formats if f not in formats]
     if unknown:
-        return [f"weight format(s) {unknown} are not one of {list(LINEAR_WEIGHT_FORMATS)}"]
+        return [f"weight format(s) {unknown} are not one of {list(formats)}"]
     return []
 
 
@@ -104,5 +166,14 @@ CONTRACTS: list[OpContract] = [
         # A block-FP8 checkpoint's projections with bf16 activations (DeepSeek-V3.2 on a GPU).
         default_spec=OpSpec(op="dense.linear", dtype="bfloat16", formats=("fp8_block128",)),
         reference_validate=linear_reference_reasons,
+    ),
+    OpContract(
+        name="dense.linear_a8w8",
+        summary="x [T,C] quantized to e4m3 per token and 128 columns, @ decode(W)^T, W [R,C] "
+        "fp8 block-128 -> [T,R] in x's dtype; fp32 products, one rounding",
+        reference=linear_a8w8,
+        # DeepSeek-V3.2's FP8 GEMMs as its inference code runs them (ue8m0 scales there).
+        default_spec=OpSpec(op="dense.linear_a8w8", dtype="bfloat16", formats=("fp8_block128",)),
+        reference_validate=linear_a8w8_reference_reasons,
     ),
 ]
