@@ -413,6 +413,56 @@ def test_dense_linear_replays_in_a_cuda_graph():
     torch.testing.assert_close(out, linear(x, weight), rtol=0, atol=0)
 
 
+# dense.linear_a8w8: activations quantized per token and 128 columns, e4m3 on both sides.
+A8W8_SHAPES = {**LINEAR_SHAPES, "q_a+wk+kv_a": (2240, 4096), "q_b+wq_b": (20480, 1536)}
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 512])
+@pytest.mark.parametrize("name", sorted(A8W8_SHAPES))
+def test_dense_linear_a8w8_bench_model_shapes(name, tokens):
+    """Byte-exact activation codes, then the GEMM within the dense.linear tolerance, at the bench
+    model's projections and the engine's joined ones; a row with an outlier and a zero group."""
+    from hwrun.formats.fp8 import quantize_fp8_groups
+    from hwrun.kernels.triton.activation_quant import quantize_activations
+    from hwrun.kernels.triton.linear import linear_a8w8
+    from hwrun.ops.linear import linear_a8w8 as reference
+
+    weight = _fp8_linear_weight(*A8W8_SHAPES[name])
+    x = (torch.randn(tokens, weight.shape[1], device="cuda") * 0.1).to(torch.bfloat16)
+    x[0, 3] = 300.0
+    x[-1, 128:256] = 0
+    codes, scales = quantize_activations(x, ue8m0=False)
+    want_codes, want_scales = quantize_fp8_groups(x.float(), 128)
+    assert torch.equal(codes, want_codes) and torch.equal(scales, want_scales)
+    _moe_close(linear_a8w8(x, weight), reference(x, weight))
+
+
+def test_dense_linear_a8w8_ue8m0_tiles_and_graph_replay():
+    """ue8m0 on both sides; every decode and prefill tile of the sweep grids with 128-wide K
+    steps; a split-K decode captured in a CUDA graph and replayed on new rows."""
+    from dataclasses import replace
+
+    from hwrun.kernels.triton.linear import DECODE_GRID, PREFILL_GRID, linear_a8w8
+    from hwrun.ops.linear import linear_a8w8 as reference
+
+    weight = _fp8_linear_weight(4096, 8192, "fp8_block128_ue8m0")
+    for tokens, grid in ((64, DECODE_GRID), (300, PREFILL_GRID)):
+        x = (torch.randn(tokens, 8192, device="cuda") * 0.1).to(torch.bfloat16)
+        want = reference(x, weight)
+        _moe_close(linear_a8w8(x, weight), want)
+        for tiles in grid:
+            tiles = replace(tiles, block_k=128, split_k=4 if tokens == 64 else 1)
+            _moe_close(linear_a8w8(x, weight, tiles), want)
+    x = torch.randn(8, 8192, device="cuda", dtype=torch.bfloat16)
+    linear_a8w8(x, weight)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = linear_a8w8(x, weight)
+    x.copy_(torch.randn(8, 8192, device="cuda"))
+    graph.replay()
+    torch.testing.assert_close(out, linear_a8w8(x, weight), rtol=0, atol=0)
+
+
 # moe.route and indexer.to_slots: one launch each (the torch tier's took ~45 and ~6).
 
 

@@ -1,4 +1,5 @@
-"""dense.linear's Triton kernel against the reference (CPU interpreter, small shapes).
+"""dense.linear's and dense.linear_a8w8's Triton kernels against the references (CPU
+interpreter, small shapes).
 
 Tolerance: the kernel multiplies the same bf16 inputs (e4m3 codes exact in bf16), with exact
 products and fp32 sums, but per tile and K step rather than one row at a time, and it scales a
@@ -12,14 +13,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hwrun.formats.fp8 import quantize_fp8_groups
+from hwrun.kernels.triton.activation_quant import quantize_activations
 from hwrun.kernels.triton.linear import (
     DECODE_ROWS,
     INTERPRETER_TILES,
     LinearTiles,
     default_tiles,
     linear,
+    linear_a8w8,
 )
 from hwrun.ops.linear import linear as reference
+from hwrun.ops.linear import linear_a8w8 as reference_a8w8
 from hwrun.ops.quantized_weight import QuantizedWeight, quantize_weight
 from hwrun.registry import OpSpec
 
@@ -149,3 +154,50 @@ def test_the_triton_tier_registers_it_graph_safe_and_not_batch_invariant(monkeyp
     assert kernel.limits(fp8) == [] and kernel.reads_e4m3fn(fp8)
     refused = " | ".join(kernel.limits(OpSpec("dense.linear", "float32", ("mxfp4",))))
     assert "input dtype float32" in refused and "['mxfp4'] not supported" in refused
+
+
+# -- dense.linear_a8w8: the activation quantizer, then e4m3 x e4m3 --------------------------------
+
+
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["fp32_scales", "ue8m0_scales"])
+def test_the_activation_quantizer_is_byte_exact(ue8m0):
+    g = torch.Generator().manual_seed(30)
+    x = (torch.randn(7, 384, generator=g) * 5).to(torch.bfloat16)  # 3 groups: not a power of 2
+    x[0, :128] = 0  # amax floor
+    x[1, 200] = 30000.0  # an outlier beside ordinary values
+    x[2, 256:] = torch.randn(128, generator=g).to(torch.bfloat16) * 1e-6  # subnormal codes
+    wide = torch.cat([x, x * 0.5, -x], dim=1)  # 9 groups: two programs a row, one part full
+    for rows in (x, wide):
+        codes, scales = quantize_activations(rows, ue8m0)
+        want_codes, want_scales = quantize_fp8_groups(rows.float(), 128, ue8m0=ue8m0)
+        assert torch.equal(codes, want_codes) and torch.equal(scales, want_scales)
+    assert quantize_activations(x[:0], ue8m0)[0].shape == (0, 384)
+    with pytest.raises(ValueError, match="C a multiple of 128"):
+        quantize_activations(x[:, :200], ue8m0)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block128", "fp8_block128_ue8m0"])
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        None,  # the interpreter's defaults with 128-wide K steps
+        LinearTiles(16, 32, 128, split_k=2, swap_ab=True, num_stages=1),
+        LinearTiles(16, 16, 128, split_k=3, group_m=2, num_stages=1),
+    ],
+    ids=["default", "swap_split2", "split3_grouped"],
+)
+def test_a8w8_matches_reference(fmt, tiles):
+    x, weight = _problem(31, fmt, 20, 150, 384)  # partial row block and scale tile, 3 K steps
+    x[3, 130] = 500.0
+    _close(linear_a8w8(x, weight, tiles), reference_a8w8(x, weight))
+
+
+def test_a8w8_negative_control_and_refusals():
+    x, weight = _problem(32, "fp8_block128", 4, 64, 256)
+    # The bf16 product is another op: this kernel must not be matching it by accident.
+    assert not torch.equal(linear_a8w8(x, weight), reference(x, weight))
+    with pytest.raises(ValueError, match="block_k 64 must be 128: one activation scale"):
+        linear_a8w8(x, weight, LinearTiles(16, 32, 64))
+    with pytest.raises(ValueError, match=r"dense.linear_a8w8: weight \(w\) is bf16"):
+        linear_a8w8(x, quantize_weight(torch.randn(64, 256), "bf16", "w"))
+    assert linear_a8w8(x[:0], weight).shape == (0, 64)

@@ -1,10 +1,13 @@
-"""Cases of `dense.linear`: ``x @ decode(W)^T`` over a weight in its storage format.
+"""Cases of `dense.linear` (``x @ decode(W)^T`` over a weight in its storage format) and of
+`dense.linear_a8w8` (the same after ``x`` is quantized to e4m3 per token and 128 columns).
 
 Edges from the contract: weight rows and columns that end in partial 128x128 scale tiles, one
 token (decode) and none, ue8m0 scales, scale tiles of zero and of extreme magnitude (an e8m0
 code of 0 is 2^-127; the large ones keep the output finite), and an fp32 input (the CPU
 engine's dtype: the Triton tier refuses it, since it would round it to bf16). Outputs compare
 with allclose: the contract fixes the products and the single rounding, not the summation order.
+For `dense.linear_a8w8` also activation groups that are all zero (the 1e-4 amax floor) or hold
+one outlier thousands of times the rest (the group's scale follows it; its neighbours' do not).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from hwrun.registry import OpSpec
 from hwrun_conformance.case import Case, Check, RowSplit, Sample, variants
 from hwrun_conformance.cases import replayable
 
-OPS = ("dense.linear",)
+OPS = ("dense.linear", "dense.linear_a8w8")
 FORMATS = ("bf16", "fp8_block128", "fp8_block128_ue8m0")
+A8W8_FORMATS = ("fp8_block128", "fp8_block128_ue8m0")
 
 _ROWS = RowSplit(args={"x": 0}, outputs={"out": 0})
 
@@ -38,13 +42,25 @@ def _extreme_scales(weight):
     return QuantizedWeight(weight.format, weight.shape, weight.data, scales, name=weight.name)
 
 
-def _sample(g, fmt, tokens, rows, cols, dtype, extreme) -> Sample:
+def _uneven_groups(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with its first 128-column group zero in every row and, in the next group, one
+    outlier 4096 times a typical value (needs 256 columns or more)."""
+    x = x.clone()
+    x[:, :128] = 0
+    x[:, 128 + 5] = 4096.0
+    return x
+
+
+def _sample(g, fmt, tokens, rows, cols, dtype, extreme, uneven) -> Sample:
     from hwrun.ops.quantized_weight import quantize_weight
 
     weight = quantize_weight(torch.randn(rows, cols, generator=g) * 0.05, fmt, "w")
     if extreme:
         weight = _extreme_scales(weight)
-    x = torch.randn(tokens, cols, generator=g).to(dtype)
+    x = torch.randn(tokens, cols, generator=g)
+    if uneven:
+        x = _uneven_groups(x)
+    x = x.to(dtype)
     return Sample(kwargs={"x": x, "weight": weight}, outputs=("out",), rows=_ROWS)
 
 
@@ -59,13 +75,15 @@ def _case(
     extreme=False,
     quick=True,
     about="",
+    op="dense.linear",
+    uneven=False,
 ) -> list[Case]:
     dtype_name = str(dtype).removeprefix("torch.")
     case = Case(
-        op="dense.linear",
+        op=op,
         name=name or fmt,
-        spec=OpSpec(op="dense.linear", dtype=dtype_name, formats=(fmt,)),
-        build=lambda g: _sample(g, fmt, tokens, rows, cols, dtype, extreme),
+        spec=OpSpec(op=op, dtype=dtype_name, formats=(fmt,)),
+        build=lambda g: _sample(g, fmt, tokens, rows, cols, dtype, extreme, uneven),
         checks={"out": Check("allclose")},
         seed=seed,
         quick=quick,
@@ -75,6 +93,75 @@ def _case(
 
 
 def cases(op: str) -> list[Case]:
+    return _a8w8_cases() if op == "dense.linear_a8w8" else _linear_cases()
+
+
+def _a8w8_cases() -> list[Case]:
+    op = "dense.linear_a8w8"
+    return [
+        *_case("fp8_block128", 521, 5, 160, 384, op=op, about="fp32 scales, partial R tile"),
+        *_case("fp8_block128_ue8m0", 522, 4, 256, 256, op=op, about="ue8m0 scales on both sides"),
+        *_case("fp8_block128", 523, 1, 320, 512, name="one_token", op=op, about="one row"),
+        *_case("fp8_block128", 524, 0, 128, 256, name="no_tokens", op=op, about="T = 0"),
+        *_case(
+            "fp8_block128",
+            525,
+            4,
+            256,
+            384,
+            name="uneven_groups",
+            op=op,
+            uneven=True,
+            about="a zero activation group (amax floor) and one with a 4096x outlier",
+        ),
+        *_case(
+            "fp8_block128_ue8m0",
+            526,
+            3,
+            256,
+            384,
+            name="ue8m0_uneven_groups",
+            op=op,
+            uneven=True,
+            about="the same with power-of-two scales",
+        ),
+        *_case(
+            "fp8_block128",
+            527,
+            4,
+            256,
+            384,
+            name="scale_extremes",
+            op=op,
+            extreme=True,
+            about="weight scale tiles 0, 2^-20 and 2^4",
+        ),
+        *_case(
+            "fp8_block128",
+            528,
+            64,
+            576,
+            1536,
+            name="decode_64",
+            op=op,
+            quick=False,
+            about="64 rows, R = 576 (kv_a_proj's rows), C = 1536",
+        ),
+        *_case(
+            "fp8_block128",
+            529,
+            300,
+            256,
+            512,
+            name="prefill_300",
+            op=op,
+            quick=False,
+            about="a prefill chunk of 300 rows",
+        ),
+    ]
+
+
+def _linear_cases() -> list[Case]:
     return [
         *_case("bf16", 501, 6, 200, 256, about="bf16 weight; R not a multiple of a tile"),
         *_case("fp8_block128", 502, 5, 160, 384, about="block-FP8, fp32 scales, partial R tile"),
@@ -138,14 +225,19 @@ def cases(op: str) -> list[Case]:
 
 
 def fuzz(op: str, rng: random.Random, name: str, seed: int) -> Case:
-    """One random case: any weight format, rows and columns (partial tiles), 0 to 70 tokens."""
-    fmt = rng.choice(FORMATS)
+    """One random case: any weight format, rows and columns (partial tiles; a8w8: C a multiple
+    of 128), 0 to 70 tokens."""
+    a8w8 = op == "dense.linear_a8w8"
+    fmt = rng.choice(A8W8_FORMATS if a8w8 else FORMATS)
     params = {
         "tokens": rng.choice((0, 1, 2, 7, 70)),
         "rows": rng.randint(1, 300),
-        "cols": rng.randint(1, 400),
+        "cols": 128 * rng.randint(1, 4) if a8w8 else rng.randint(1, 400),
         "name": name,
         "extreme": fmt != "bf16" and rng.random() < 0.2,
     }
+    if a8w8:
+        params["op"] = op
+        params["uneven"] = params["cols"] >= 256 and rng.random() < 0.3
     about = replayable("*_case", fmt, seed, **params)
     return _case(fmt, seed, about=about, **params)[0]

@@ -23,6 +23,7 @@ TRITON_OPS = {
     "kv.write_latent",
     "kv.write_index_keys",
     "dense.linear",
+    "dense.linear_a8w8",
 }
 
 

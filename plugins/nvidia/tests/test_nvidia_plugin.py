@@ -26,6 +26,7 @@ TRITON_OPS = {
     "kv.write_latent",
     "kv.write_index_keys",
     "dense.linear",
+    "dense.linear_a8w8",
 }
 EXPERT_WEIGHTS = {"fp8_block128", "int4_g128"}  # the moe.experts formats claimed
 LINEAR_WEIGHTS = {"fp8_block128", "fp8_block128_ue8m0"}  # dense.linear's (and bf16)

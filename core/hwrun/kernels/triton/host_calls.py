@@ -138,6 +138,15 @@ def linear(
     return linear(x, weight)
 
 
+def linear_a8w8(
+    x: torch.Tensor,  # [T, C] bfloat16
+    weight: QuantizedWeight,  # [R, C]
+) -> torch.Tensor:  # [T, R] bfloat16
+    from hwrun.kernels.triton.linear import linear_a8w8
+
+    return linear_a8w8(x, weight)
+
+
 def lse_combine(
     outs: torch.Tensor,  # [W, ..., D]
     lses: torch.Tensor,  # [W, ...] float32

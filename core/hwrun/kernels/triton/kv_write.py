@@ -19,13 +19,13 @@ LATENT_FMTS = {"bf16": (0, 1152), "fp8_ds_mla": (1, 656)}
 
 
 @triton.jit
-def _pow2_bits(biased_exponent):
+def pow2_bits(biased_exponent):
     # 2^(biased_exponent - 127) as fp32 (biased_exponent in [1, 254]).
     return (biased_exponent.to(tl.int32) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _e4m3_bits(x):
+def e4m3_bits(x):
     # E4M3 by bit arithmetic rather than a hardware conversion: round-to-nearest-even after
     # clamping to +/-448, NaN -> 0x7F, on every backend (and in the interpreter) alike.
     a = tl.minimum(tl.abs(x), 448.0)
@@ -86,8 +86,8 @@ def _write_index_keys_kernel(
         s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
         bits = s.to(tl.int32, bitcast=True)
         e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # ceil to a power of 2
-        scale = _pow2_bits(e)
-        codes = _e4m3_bits(x * _pow2_bits(254 - e)[:, None])
+        scale = pow2_bits(e)
+        codes = e4m3_bits(x * pow2_bits(254 - e)[:, None])
         tl.store(page[:, None] + row[:, None] * 128 + d[None, :], codes, mask=ok[:, None])
         scale_ptrs = (page + block_size * 128 + row * 4).to(tl.pointer_type(tl.float32))
         tl.store(scale_ptrs, scale, mask=ok)
@@ -98,7 +98,7 @@ def _write_index_keys_kernel(
         bits = q.to(tl.int32, bitcast=True)
         code = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # e + 127
         code = tl.minimum(code, 254)
-        scaled = groups * _pow2_bits(254 - code)[:, :, None]
+        scaled = groups * pow2_bits(254 - code)[:, :, None]
         e2m1 = tl.reshape(_e2m1_code(scaled), (BLOCK_T, 64, 2))
         lo, hi = tl.split(e2m1)
         packed = (lo | (hi << 4)).to(tl.uint8)
@@ -137,7 +137,7 @@ def _write_latent_kernel(
             amax = tl.max(tl.abs(x), 1)
             s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
             s = tl.maximum(s, 1.1754943508222875e-38)  # FLT_MIN
-            codes = _e4m3_bits(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)))
+            codes = e4m3_bits(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)))
             tl.store(row + g[:, None] * 128 + d[None, :], codes)
             tl.store((row + 512 + 4 * g).to(tl.pointer_type(tl.float32)), s)
             tl.store((row + 528).to(tl.pointer_type(tl.bfloat16)) + r, rope)

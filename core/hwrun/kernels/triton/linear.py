@@ -40,10 +40,11 @@ import torch
 import triton
 import triton.language as tl
 
+from hwrun.kernels.triton.activation_quant import quantize_activations
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, weight_tile
-from hwrun.ops.linear import check_linear_args
+from hwrun.ops.linear import A8W8_WEIGHT_FORMATS, check_linear_args
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 
 DECODE_ROWS = 64  # up to this many rows the op is memory-bound: decode tiles, split K
@@ -136,7 +137,8 @@ def default_tiles(m: int, n: int, k: int, num_sms: int | None) -> LinearTiles:
 
 @triton.jit
 def _linear_kernel(
-    x_ptr,  # [M, K] bf16, row stride stride_xm
+    x_ptr,  # [M, K] bf16, or uint8 e4m3 codes (A_FP8); row stride stride_xm
+    xs_ptr,  # [M, K/128] fp32 scales of the codes (A_FP8 only), row stride stride_xsm
     w_ptr,  # [N, K] bf16, or uint8 e4m3 codes
     s_ptr,  # [ceil(N/128), ceil(K/128)] fp32 or e8m0 scales (fp8 only)
     out_ptr,  # [M, N] out dtype (SPLIT_K == 1), or [SPLIT_K, M, N] fp32 partials
@@ -144,13 +146,16 @@ def _linear_kernel(
     N,
     K,
     stride_xm,
+    stride_xsm,
     stride_wn,
     stride_sn,
     stride_om,
     stride_os,  # between split partials (0 without a split)
     k_per_split,  # K columns per split range, a multiple of BLOCK_K
     FORMAT: tl.constexpr,
-    WIDE: tl.constexpr,
+    A_FP8: tl.constexpr,  # x is e4m3 codes with per-128 scales (dense.linear_a8w8)
+    MMA: tl.constexpr,  # both tiles' dtype on the matrix units: bf16, e4m3 with A_FP8 (fp32
+    # in the interpreter, where either is exact)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -182,12 +187,22 @@ def _linear_kernel(
     for k0 in range(k_begin, k_end, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_mask = kk < K  # a range ends at K or on a BLOCK_K boundary
-        a = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        a = a.to(WIDE)
+        a = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0)
+        if A_FP8:
+            a = a.to(tl.float8e4nv, bitcast=True)
+        a = a.to(MMA)
         w, scale = weight_tile(
-            w_ptr, s_ptr, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+            w_ptr, s_ptr, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, MMA
         )
-        if SWAP_AB:
+        if A_FP8:
+            # e4m3 times e4m3, fp32 sums; both sides' scales of this 128-wide K step (BLOCK_K
+            # is 128) multiply the step's partial product.
+            a_scale = tl.load(xs_ptr + m.to(tl.int64) * stride_xsm + k0 // 128, mask=m_mask)
+            if SWAP_AB:
+                acc += tl.dot(w, tl.trans(a)) * (scale[:, None] * a_scale[None, :])
+            else:
+                acc += tl.dot(a, tl.trans(w)) * (a_scale[:, None] * scale[None, :])
+        elif SWAP_AB:
             if FORMAT == 0:
                 acc = tl.dot(w, tl.trans(a), acc)
             else:
@@ -225,10 +240,13 @@ def _sum_splits_kernel(
     tl.store(out_ptr + row * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _check(x: torch.Tensor, weight: QuantizedWeight, tiles: LinearTiles) -> None:
+def _check(
+    x: torch.Tensor, weight: QuantizedWeight, tiles: LinearTiles, a8w8: bool = False
+) -> None:
     """What this kernel cannot compute, beyond the contract's own checks."""
+    op = "dense.linear_a8w8" if a8w8 else "dense.linear"
     problems = []
-    if x.dtype != torch.bfloat16:
+    if x.dtype != torch.bfloat16 and not a8w8:  # a8w8 multiplies x's exact e4m3 codes
         problems.append(
             f"x is {x.dtype}; the kernel multiplies bf16 on the matrix units (another dtype "
             "would be rounded to bf16 first, which is not the contract)"
@@ -239,10 +257,14 @@ def _check(x: torch.Tensor, weight: QuantizedWeight, tiles: LinearTiles) -> None
             problems.append(f"{name} must be a power of two >= 16, got {size}")
     if weight.format != "bf16" and FP8_BLOCK % tiles.block_k:
         problems.append(f"block_k {tiles.block_k} must divide the fp8 scale tile {FP8_BLOCK}")
+    if a8w8 and tiles.block_k != FP8_BLOCK:
+        problems.append(
+            f"block_k {tiles.block_k} must be {FP8_BLOCK}: one activation scale per K step"
+        )
     if tiles.split_k < 1 or tiles.group_m < 1:
         problems.append(f"split_k and group_m must be >= 1, got {tiles.split_k}, {tiles.group_m}")
     if problems:
-        raise ValueError("dense.linear (triton): " + "; ".join(problems))
+        raise ValueError(f"{op} (triton): " + "; ".join(problems))
 
 
 def linear(
@@ -253,13 +275,45 @@ def linear(
     """The contract of ``hwrun.ops.linear.linear`` through the Triton kernel (shape checks
     only: nothing here reads a device value)."""
     check_linear_args(x, weight)
+    tiles = _tiles_for(x, weight, tiles)
+    _check(x, weight, tiles)
+    return _launch(x, None, weight, tiles, x.dtype)
+
+
+def linear_a8w8(
+    x: torch.Tensor,  # [T, C] bfloat16, C a multiple of 128
+    weight: QuantizedWeight,  # [R, C] fp8_block128 / fp8_block128_ue8m0
+    tiles: LinearTiles | None = None,
+) -> torch.Tensor:  # [T, R] bfloat16
+    """The contract of ``hwrun.ops.linear.linear_a8w8``: ``x`` quantized by
+    activation_quant.py's kernel, then the GEMM over e4m3 codes on both sides (two launches,
+    three with a split K; shape checks only)."""
+    check_linear_args(x, weight, op="dense.linear_a8w8", formats=A8W8_WEIGHT_FORMATS)
+    if tiles is None:
+        # one activation scale per K step (the GPU defaults already step 128 columns)
+        tiles = replace(_tiles_for(x, weight, None), block_k=FP8_BLOCK)
+    _check(x, weight, tiles, a8w8=True)
+    codes, scales = quantize_activations(x, ue8m0=weight.format == "fp8_block128_ue8m0")
+    return _launch(codes, scales, weight, tiles, x.dtype)
+
+
+def _tiles_for(x: torch.Tensor, weight: QuantizedWeight, tiles: LinearTiles | None) -> LinearTiles:
+    if tiles is not None:
+        return tiles
+    sms = _multiprocessors(x.device.index or 0) if x.is_cuda else None
+    return default_tiles(x.shape[0], weight.shape[0], x.shape[1], sms)
+
+
+def _launch(
+    x: torch.Tensor,  # [M, K] bf16, or e4m3 codes (uint8) with x_scales
+    x_scales: torch.Tensor | None,  # [M, K/128] fp32
+    weight: QuantizedWeight,
+    tiles: LinearTiles,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # [M, N] out_dtype
     m, k = x.shape
     n = weight.shape[0]
-    if tiles is None:
-        sms = _multiprocessors(x.device.index or 0) if x.is_cuda else None
-        tiles = default_tiles(m, n, k, sms)
-    _check(x, weight, tiles)
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    out = torch.empty(m, n, dtype=out_dtype, device=x.device)
     if m == 0:
         return out
     prepare_launch()
@@ -267,6 +321,10 @@ def linear(
         x = x.contiguous()
     data = weight.data if weight.data.stride(-1) == 1 else weight.data.contiguous()
     scales = data if weight.scales is None else weight.scales.contiguous()
+    a_fp8 = x_scales is not None
+    mma = wide_dtype()
+    if a_fp8 and mma == tl.bfloat16:  # compiled: e4m3 on the matrix units
+        mma = tl.float8e4nv
     k_steps = triton.cdiv(k, tiles.block_k)
     steps_per_split = triton.cdiv(k_steps, tiles.split_k)
     split = triton.cdiv(k_steps, steps_per_split)
@@ -275,11 +333,12 @@ def linear(
         partials = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split)
     _linear_kernel[grid](
-        x, data, scales, partials, m, n, k,
-        x.stride(0), data.stride(0), scales.stride(0) if weight.scales is not None else 0,
+        x, x_scales if a_fp8 else x, data, scales, partials, m, n, k,
+        x.stride(0), x_scales.stride(0) if a_fp8 else 0, data.stride(0),
+        scales.stride(0) if weight.scales is not None else 0,
         n if split > 1 else out.stride(0), m * n if split > 1 else 0,
         steps_per_split * tiles.block_k,
-        FORMAT=FORMAT_CODES[weight.format], WIDE=wide_dtype(),
+        FORMAT=FORMAT_CODES[weight.format], A_FP8=a_fp8, MMA=mma,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from hwrun import knobs
 from hwrun.kernels.triton import host_calls
-from hwrun.ops.linear import LINEAR_WEIGHT_FORMATS
+from hwrun.ops.linear import A8W8_WEIGHT_FORMATS, LINEAR_WEIGHT_FORMATS
 from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_reasons
 
 if TYPE_CHECKING:
@@ -230,6 +230,12 @@ def _linear_limits(spec: OpSpec) -> list[str]:
     return reasons + format_reasons(spec, LINEAR_WEIGHT_FORMATS, "weight")
 
 
+def _linear_a8w8_limits(spec: OpSpec) -> list[str]:
+    # x is quantized from any float, but the engine's GPU activations (and the tests) are bf16.
+    reasons = dtype_reasons(spec, ("bfloat16",), "input")
+    return reasons + format_reasons(spec, A8W8_WEIGHT_FORMATS, "weight")
+
+
 def _lse_combine_limits(spec: OpSpec) -> list[str]:
     return dtype_reasons(spec, ("float32", "bfloat16", "float16"), "outs")
 
@@ -358,6 +364,16 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
             # The tile shape and the split of K change with the row count, and so does the
             # summation order of a row.
             batch_invariant=False,
+        ),
+        TritonKernel(
+            "dense.linear_a8w8",
+            host_calls.linear_a8w8,
+            _linear_a8w8_limits,
+            "activations quantized per token and 128 columns in one launch, then e4m3 x e4m3 "
+            "on the matrix units, both scales per 128-wide K step; decode rows split K",
+            A8W8_WEIGHT_FORMATS,
+            reads_e4m3fn=_any_fp8_weights,
+            batch_invariant=False,  # as dense.linear: tiles and split follow the row count
         ),
     ),
     "attn": (

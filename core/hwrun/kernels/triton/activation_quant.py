@@ -1,0 +1,81 @@
+"""Activations quantized per token and 128 columns to e4m3, byte-exact to hwrun.formats.
+
+``quantize_activations(x, ue8m0)`` gives what ``hwrun.formats.fp8.quantize_fp8_groups(x, 128,
+ue8m0)`` gives: codes ``[T, C]`` uint8 and scales ``[T, C / 128]`` fp32, bit for bit. It is
+``dense.linear_a8w8``'s first step (DeepSeek's ``act_quant``), one launch before the GEMM: a
+GEMM program that quantized its own row tile would redo it for every output tile, and the exact
+division (``div_rn``) and e4m3 rounding (kv_write's bit arithmetic, the same on every backend)
+would then sit in its inner loop.
+
+One program per token row and 8 groups (1024 columns) of it, as one ``[8, 128]`` tile: a decode
+step's 64 rows of 4096 columns are 256 programs (one per row left most SMs idle: 3.2 us a call
+on the H200 at 64 x 4096).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hwrun.formats.fp8 import BLOCK
+from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.kv_write import e4m3_bits, pow2_bits
+
+GROUPS_PER_PROGRAM = 8
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr,  # [T, C] float, row stride stride_x
+    codes_ptr,  # [T, C] uint8
+    scales_ptr,  # [T, C / 128] float32
+    C,
+    stride_x,
+    UE8M0: tl.constexpr,
+    GROUPS: tl.constexpr,  # groups per program, a power of two
+):
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    col = g[:, None] * 128 + tl.arange(0, 128)[None, :]
+    mask = col < C
+    x = tl.load(x_ptr + row * stride_x + col, mask=mask, other=0.0).to(tl.float32)
+    # The scale rule of hwrun.formats.fp8: max(amax, 1e-4) / 448, correctly rounded; with ue8m0
+    # rounded up to a power of two on its bits, and the elements scaled by its exact inverse.
+    amax = tl.maximum(tl.max(tl.abs(x), 1), 1e-4)
+    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    if UE8M0:
+        bits = s.to(tl.int32, bitcast=True)
+        e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        s = pow2_bits(e)
+        codes = e4m3_bits(x * pow2_bits(254 - e)[:, None])
+    else:
+        codes = e4m3_bits(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)))
+    tl.store(codes_ptr + row * C + col, codes, mask=mask)
+    tl.store(scales_ptr + row * (C // 128) + g, s, mask=g < C // 128)
+
+
+def quantize_activations(
+    x: torch.Tensor,  # [T, C] float, C a multiple of 128
+    ue8m0: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:  # codes [T, C] uint8, scales [T, C / 128] float32
+    """``quantize_fp8_groups(x, 128, ue8m0)`` in one launch (shape checks only: nothing here
+    reads a device value, so a CUDA graph can capture it)."""
+    if x.dim() != 2 or x.shape[1] % BLOCK or not x.is_floating_point():
+        raise ValueError(
+            f"quantize_activations: x must be a float [T, C] tensor with C a multiple of "
+            f"{BLOCK}, got {x.dtype} {list(x.shape)}"
+        )
+    t, c = x.shape
+    codes = torch.empty(t, c, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(t, c // BLOCK, dtype=torch.float32, device=x.device)
+    if t == 0:
+        return codes, scales
+    prepare_launch()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    groups = min(GROUPS_PER_PROGRAM, triton.next_power_of_2(c // BLOCK))
+    _quantize_rows_kernel[(t, triton.cdiv(c // BLOCK, groups))](
+        x, codes, scales, c, x.stride(0), UE8M0=ue8m0, GROUPS=groups, num_warps=4
+    )  # fmt: skip
+    return codes, scales
