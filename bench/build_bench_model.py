@@ -192,7 +192,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--top-groups", type=int, default=4)
     parser.add_argument("--moe-inter", type=int, default=1024)
-    parser.add_argument("--dense-inter", type=int, default=10944)
+    # A multiple of 128, as DeepSeek's widths are (18432): FP8 activations are quantized in
+    # groups of 128 columns (--linear-activation-dtype fp8), and the down projection reads this.
+    parser.add_argument("--dense-inter", type=int, default=11008)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--max-len", type=int, default=163840)
     parser.add_argument("--seed", type=int, default=0)

@@ -204,6 +204,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--index-query-dtype", default="fp8", help="fp8 as DeepSeek's inference code (DeepGEMM)"
     )
+    parser.add_argument(
+        "--linear-activation-dtype",
+        default="bf16",
+        help="fp8: the block-FP8 linears as DeepSeek's inference code (dense.linear_a8w8)",
+    )
     parser.add_argument("--topk", type=int, default=None, help="override index_topk (0: dense)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--no-cuda-graphs", action="store_true")
@@ -229,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
                 kv_cache_dtype=args.kv_cache_dtype,
                 index_dtype=args.index_dtype,
                 index_query_dtype=args.index_query_dtype,
+                linear_activation_dtype=args.linear_activation_dtype,
                 max_model_len=context + args.steps + 4,
                 max_num_seqs=max(args.batch),
                 num_kv_tokens=tokens,

@@ -115,6 +115,7 @@ async def main_async(args) -> list[dict]:
         kv_cache_dtype=args.kv_cache_dtype,
         index_dtype=args.index_dtype,
         index_query_dtype=args.index_query_dtype,
+        linear_activation_dtype=args.linear_activation_dtype,
         max_model_len=args.input_len + args.output_len + 8,
         max_num_seqs=max(args.concurrency),
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--kv-cache-dtype", default="fp8_ds_mla")
     parser.add_argument("--index-dtype", default="fp8")
     parser.add_argument("--index-query-dtype", default="bf16")
+    parser.add_argument("--linear-activation-dtype", default="bf16")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)

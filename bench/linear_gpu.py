@@ -6,11 +6,12 @@ Usage: ``python bench/linear_gpu.py [--tokens 1,8,64,512] [--shapes q_a,o_proj,.
 
 Shapes are bench/build_bench_model.py's (hidden 4096, 64 heads, q-LoRA 1536, 64 index heads):
 ``q_a`` [1536, 4096], ``q_b`` [12288, 1536], ``kv_a`` [576, 4096], ``o_proj`` [4096, 8192],
-the indexer's ``wq_b`` [8192, 1536] and ``wk`` [128, 4096] in block-FP8 (random e4m3 codes,
-fp32 scales near 0.02), and an LM head [129280, 4096] that stays bf16. Times are medians of
-CUDA-graph replays. The floor is the weight's bytes (codes and scales, or bf16) plus the
-activations' in and out at the measured copy bandwidth, or the FLOPs at the measured bf16 matmul
-rate when larger; "% roof" is that floor over the measured time.
+the indexer's ``wq_b`` [8192, 1536] and ``wk`` [128, 4096], and the two joined products the
+engine runs in their place (``q_a+wk+kv_a`` [2240, 4096], ``q_b+wq_b`` [20480, 1536]) in
+block-FP8 (random e4m3 codes, fp32 scales near 0.02), and an LM head [129280, 4096] that stays
+bf16. Times are medians of CUDA-graph replays. The floor is the weight's bytes (codes and
+scales, or bf16) plus the activations' in and out at the measured copy bandwidth, or the FLOPs
+at the measured bf16 matmul rate when larger; "% roof" is that floor over the measured time.
 
 Peers: torch's bf16 ``F.linear`` on the weight decoded to bf16 (what the engine ran before
 block-FP8 weights stayed FP8: twice the weight bytes); where installed, DeepGEMM's
@@ -18,7 +19,10 @@ block-FP8 weights stayed FP8: twice the weight bytes); where installed, DeepGEMM
 multiply fp8 activations (x quantized per token and 128 columns beforehand, not timed): another
 op (a8w8), shown as the speed such kernels reach, not as like-for-like.
 
-``--tune`` times, per shape and row count, the tile grid of hwrun.kernels.triton.linear
+Block-FP8 shapes get a second row, ``dense.linear_a8w8`` (x quantized to e4m3 per token and 128
+columns inside the timed call, then e4m3 x e4m3), against the two a8w8 peers.
+
+``--tune`` times, per shape and row count (and op), the tile grid of hwrun.kernels.triton.linear
 (DECODE_GRID with split_k in 1, 2, 4, 8, 16 for up to 64 rows; PREFILL_GRID above) and reports
 the best next to the default.
 """
@@ -49,6 +53,9 @@ SHAPES = {  # name -> (rows R, columns C, format)
     "o_proj": (4096, 8192, "fp8_block128"),
     "wq_b": (8192, 1536, "fp8_block128"),
     "wk": (128, 4096, "fp8_block128"),
+    # the joined projections the engine runs (engine/fused_projections.py)
+    "q_a+wk+kv_a": (2240, 4096, "fp8_block128"),
+    "q_b+wq_b": (20480, 1536, "fp8_block128"),
     "lm_head": (129280, 4096, "bf16"),
 }
 SPLITS = (1, 2, 4, 8, 16)
@@ -105,9 +112,15 @@ def fp8_peers(x: torch.Tensor, weight: QuantizedWeight, log: list[str], label: s
 
 
 def tune(
-    x: torch.Tensor, weight: QuantizedWeight, default_us: float, log: list[str], label: str
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    default_us: float,
+    log: list[str],
+    label: str,
+    fn=tl_linear.linear,
 ) -> str:
-    """The tile grid at this shape; the best against the default, as a note."""
+    """The tile grid at this shape (``fn``: linear, or linear_a8w8 with 128-wide K steps); the
+    best against the default, as a note."""
     m, k = x.shape
     if m <= tl_linear.DECODE_ROWS:
         k_steps = -(-k // 128)
@@ -119,10 +132,12 @@ def tune(
         ]
     else:
         grid = list(tl_linear.PREFILL_GRID)
+    if fn is tl_linear.linear_a8w8:
+        grid = list(dict.fromkeys(replace(tiles, block_k=128) for tiles in grid))
     best, best_us = None, default_us
     for tiles in grid:
         try:
-            us = bench(lambda tiles=tiles: tl_linear.linear(x, weight, tiles), rep=40)
+            us = bench(lambda tiles=tiles: fn(x, weight, tiles), rep=40)
         except Exception as exc:  # a configuration the compiler refuses
             log.append(f"{label} {tiles}: failed {type(exc).__name__}: {str(exc)[:120]}")
             continue
@@ -158,6 +173,14 @@ def rows_for(ceil, names, token_counts, args, log: list[str], deadline: float) -
             floor = ceil.floor_us(nbytes, 2.0 * tokens * r * c)
             rows.append(Row("dense.linear", shape, "triton", us, floor, peers, note))
             print(markdown(rows[-1:]), flush=True)
+            if fmt != "bf16":  # a8w8: the activations' quantization launch timed with it
+                us = bench(lambda x=x, weight=weight: tl_linear.linear_a8w8(x, weight))
+                note = "x quantized in the timed call (the peers' x is quantized beforehand)"
+                if args.tune and time.monotonic() < deadline:
+                    note += "; " + tune(x, weight, us, log, label, tl_linear.linear_a8w8)
+                a8w8_peers = {k: v for k, v in peers.items() if "a8w8" in k}
+                rows.append(Row("dense.linear_a8w8", shape, "triton", us, floor, a8w8_peers, note))
+                print(markdown(rows[-1:]), flush=True)
     return rows
 
 

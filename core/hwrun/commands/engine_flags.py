@@ -9,7 +9,12 @@ from typing import Any
 
 import click
 
-from hwrun.engine.config import INDEX_DTYPES, INDEX_QUERY_DTYPES, LATENT_DTYPES
+from hwrun.engine.config import (
+    INDEX_DTYPES,
+    INDEX_QUERY_DTYPES,
+    LATENT_DTYPES,
+    LINEAR_ACTIVATION_DTYPES,
+)
 
 ENGINE_FLAGS = (
     "model",
@@ -18,6 +23,7 @@ ENGINE_FLAGS = (
     "kv_cache_dtype",
     "index_dtype",
     "index_query_dtype",
+    "linear_activation_dtype",
     "max_model_len",
     "max_num_seqs",
     "max_num_batched_tokens",
@@ -68,6 +74,14 @@ def engine_flags(command: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="The indexer's queries: bf16 (as transformers), or fp8 with a per-head scale "
             "(as DeepSeek's inference code; DeepGEMM's logits kernels need it).",
+        ),
+        click.option(
+            "--linear-activation-dtype",
+            type=click.Choice(LINEAR_ACTIVATION_DTYPES),
+            default="bf16",
+            show_default=True,
+            help="Inputs of the block-FP8 linears: bf16 (as transformers), or fp8 per token and "
+            "128 columns (as DeepSeek's inference code; e4m3 on both sides of the GEMM).",
         ),
         click.option(
             "--max-model-len",

@@ -8,6 +8,7 @@ from pathlib import Path
 LATENT_DTYPES = ("bf16", "fp8_ds_mla", "nvfp4_ds_mla")
 INDEX_DTYPES = ("bf16", "fp8", "mxfp4")
 INDEX_QUERY_DTYPES = ("bf16", "fp8")
+LINEAR_ACTIVATION_DTYPES = ("bf16", "fp8")
 
 
 def default_model_dir() -> Path:
@@ -32,6 +33,9 @@ class EngineConfig:
     # per token and head folded into the head weights) as DeepSeek's inference code does, which
     # DeepGEMM's logits kernels need.
     index_query_dtype: str = "bf16"
+    # The block-FP8 linears' inputs: "bf16" as transformers multiplies them, or "fp8" (e4m3, one
+    # scale per token and 128 columns) as DeepSeek's inference code does (dense.linear_a8w8).
+    linear_activation_dtype: str = "bf16"
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
@@ -71,6 +75,11 @@ class EngineConfig:
             reasons.append(
                 f"--index-query-dtype {self.index_query_dtype!r} is not an indexer query dtype; "
                 f"choose one of {', '.join(INDEX_QUERY_DTYPES)}"
+            )
+        if self.linear_activation_dtype not in LINEAR_ACTIVATION_DTYPES:
+            reasons.append(
+                f"--linear-activation-dtype {self.linear_activation_dtype!r} is not a linear "
+                f"activation dtype; choose one of {', '.join(LINEAR_ACTIVATION_DTYPES)}"
             )
         for name in ("max_num_seqs", "max_num_batched_tokens", "cpu_threads"):
             if getattr(self, name) < 1:

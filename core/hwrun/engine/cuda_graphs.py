@@ -20,6 +20,7 @@ from hwrun.engine.op_table import OpTable
 
 DECODE_OPS = (
     "dense.linear",
+    "dense.linear_a8w8",
     "kv.write_latent",
     "kv.write_index_keys",
     "indexer.logits_paged",

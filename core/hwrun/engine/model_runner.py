@@ -38,6 +38,7 @@ from hwrun.engine.op_table import (
 from hwrun.engine.tensor_parallel import shard_config, shard_weights, tp_reasons
 from hwrun.engine.weights import (
     MoEWeights,
+    a8w8_reasons,
     bind_linears,
     load_weights,
     quantized_linear_formats,
@@ -308,6 +309,10 @@ def build_model_runner(
     reasons = tp_reasons(model_config, shard.world, expert_format, linear_formats)
     if reasons:
         raise EngineStartupError(f"{model_dir} cannot run with --tp {shard.world}", reasons)
+    # a8w8 needs block-FP8 weights: with bf16 projections the flag has nothing to change
+    linear_a8w8 = config.linear_activation_dtype == "fp8" and bool(linear_formats)
+    if linear_a8w8 and (reasons := a8w8_reasons(weights)):
+        raise EngineStartupError(f"{model_dir} cannot run with fp8 linear activations", reasons)
     weights = shard_weights(weights, model_config, shard.rank, shard.world)
     if shard.world == 1:  # tensor parallelism splits these projections each its own way
         weights = fuse_projections(weights)
@@ -320,6 +325,7 @@ def build_model_runner(
         block_size=layout.block_size,
         index_query_fp8=config.index_query_dtype == "fp8",
         linear_formats=linear_formats,
+        linear_a8w8=linear_a8w8,
     )
     arch = target.arch if device.type == target.device_type else None
     specs = engine_op_specs(model_config, formats, device.type, arch, context.world)
@@ -330,7 +336,7 @@ def build_model_runner(
         what=f"{model_dir.name} on platform {platform!r}",
         batch_invariant=config.batch_invariant,
     )
-    weights = bind_linears(weights, ops, dtype)
+    weights = bind_linears(weights, ops, dtype, formats.linear_op)
     pool = KVPool(layout, num_blocks, allocate_cache(layout, num_blocks, device))
     model = DeepseekV32(
         model_config,

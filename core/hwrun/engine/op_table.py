@@ -21,7 +21,8 @@ from hwrun.registry import OpRegistry, OpSpec, Selection
 
 # Every op the DeepseekV32 graph calls, in the order a layer calls them.
 ENGINE_OPS: tuple[str, ...] = (
-    "dense.linear",  # with block-FP8 projections only: the linears kept in FP8
+    "dense.linear",  # with block-FP8 projections only: the linears kept in FP8 ...
+    "dense.linear_a8w8",  # ... or this one instead, with --linear-activation-dtype fp8
     "kv.write_latent",
     "kv.write_index_keys",
     "indexer.logits_ragged",
@@ -62,6 +63,11 @@ class ModelFormats:
     block_size: int
     index_query_fp8: bool = False  # the indexer's queries in e4m3 (else the activation dtype)
     linear_formats: tuple[str, ...] = ()  # dense.linear weight formats (block-FP8 projections)
+    linear_a8w8: bool = False  # those linears through dense.linear_a8w8 (activations in e4m3)
+
+    @property
+    def linear_op(self) -> str:
+        return "dense.linear_a8w8" if self.linear_a8w8 else "dense.linear"
 
     @property
     def index_query_dtype(self) -> str:
@@ -98,7 +104,7 @@ def engine_op_specs(
                topk=config.num_experts_per_tok),
     ]  # fmt: skip
     if formats.linear_formats:
-        specs.insert(0, OpSpec("dense.linear", formats.dtype, formats.linear_formats))
+        specs.insert(0, OpSpec(formats.linear_op, formats.dtype, formats.linear_formats))
     if decode_context_parallel > 1:
         # dcp.lse_combine merges the ranks' parts in fp32 (they travel as one fp32 tensor)
         specs.append(

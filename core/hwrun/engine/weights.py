@@ -36,13 +36,15 @@ from hwrun.checkpoint.safetensors_reader import CheckpointError, SafetensorsChec
 from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
 from hwrun.formats.fp8 import dequantize_fp8_block128
 from hwrun.ops.indexer import INDEX_HEAD_DIM
+from hwrun.ops.linear import A8W8_WEIGHT_FORMATS, quantize_activations
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 from hwrun.plugins import REFERENCE
 
 if TYPE_CHECKING:
     from hwrun.engine.op_table import OpTable
 
-LINEAR_OP = "dense.linear"
+LINEAR_OP = "dense.linear"  # bf16 activations (transformers' numerics)
+LINEAR_A8W8_OP = "dense.linear_a8w8"  # activations in e4m3 first (DeepSeek's inference numerics)
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,10 +58,17 @@ class Linear:
 
     weight: torch.Tensor | QuantizedWeight
     ops: OpTable | None = None
+    op: str = LINEAR_OP  # the op a QuantizedWeight runs through (bind_linears sets it)
+    # A plain weight decoded from this block-FP8 format for an a8w8 linear on the CPU reference
+    # (bind_linears): x is first quantized as dense.linear_a8w8 defines.
+    activations_of: str | None = None
 
     def __call__(self, x: torch.Tensor, row_by_row: bool = False) -> torch.Tensor:
         if isinstance(self.weight, QuantizedWeight):
             return self._quantized(x)
+        if self.activations_of is not None:
+            flat = x.reshape(-1, x.shape[-1])
+            x = quantize_activations(flat, self.activations_of).to(x.dtype).view(x.shape)
         if not row_by_row:
             return F.linear(x, self.weight)
         # One matrix-vector product per row: a BLAS picks its blocking by the row count, so
@@ -76,9 +85,9 @@ class Linear:
         if self.ops is None:
             raise RuntimeError(
                 f"{self.weight.name}: a {self.weight.format} linear runs through the engine's "
-                f"{LINEAR_OP} op; give it the resolved ops first (bind_linears)"
+                f"{self.op} op; give it the resolved ops first (bind_linears)"
             )
-        out = self.ops[LINEAR_OP](x.reshape(-1, x.shape[-1]), self.weight)
+        out = self.ops[self.op](x.reshape(-1, x.shape[-1]), self.weight)
         return out.view(*x.shape[:-1], self.weight.shape[0])
 
 
@@ -367,27 +376,49 @@ def quantized_linear_formats(weights: ModelWeights) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def a8w8_reasons(weights: ModelWeights) -> list[str]:
+    """Why the quantized linears cannot run through ``dense.linear_a8w8`` (none: ``[]``)."""
+    misfits = sorted(
+        {
+            f"{lin.weight.name} ({lin.weight.format}, {lin.weight.shape[1]} columns)"
+            for lin in _linears(weights)
+            if _is_quantized(lin)
+            and (lin.weight.format not in A8W8_WEIGHT_FORMATS or lin.weight.shape[1] % FP8_BLOCK)
+        }
+    )
+    if not misfits:
+        return []
+    return [
+        f"--linear-activation-dtype fp8 multiplies e4m3 activations in groups of {FP8_BLOCK} "
+        f"columns by block-FP8 weights, which {', '.join(misfits)} are not; use "
+        "--linear-activation-dtype bf16 for this checkpoint"
+    ]
+
+
 def _is_quantized(linear: Linear) -> bool:
     return isinstance(linear.weight, QuantizedWeight)
 
 
-def bind_linears(weights: ModelWeights, ops: OpTable, dtype: torch.dtype) -> ModelWeights:
-    """The quantized linears made callable once the ops are resolved: each calls
-    ``ops["dense.linear"]``. Except where the reference serves it in an fp32 engine (the CPU):
-    the reference would decode every weight on every call, so each is decoded here once, to
-    fp32 as the reference decodes it, and runs as a plain torch product (the reference's sums,
-    in the BLAS's order)."""
+def bind_linears(
+    weights: ModelWeights, ops: OpTable, dtype: torch.dtype, op: str = LINEAR_OP
+) -> ModelWeights:
+    """The quantized linears made callable once the ops are resolved: each calls ``ops[op]``
+    (``dense.linear``, or ``dense.linear_a8w8``). Except where the reference serves it in an
+    fp32 engine (the CPU): the reference would decode every weight on every call, so each is
+    decoded here once, to fp32 as the reference decodes it, and runs as a plain torch product
+    (the reference's sums, in the BLAS's order; a8w8: after the reference's quantization of x)."""
     if not quantized_linear_formats(weights):
         return weights
-    choice = next(c for c in ops.choices if c.op == LINEAR_OP)
+    choice = next(c for c in ops.choices if c.op == op)
     decode = choice.platform == REFERENCE and dtype == torch.float32
 
     def bind(linear: Linear) -> Linear:
         if not _is_quantized(linear):
             return linear
         if decode:
-            return Linear(linear.weight.dequantize())
-        return replace(linear, ops=ops)
+            fmt = linear.weight.format if op == LINEAR_A8W8_OP else None
+            return Linear(linear.weight.dequantize(), activations_of=fmt)
+        return replace(linear, ops=ops, op=op)
 
     return _map_linears(weights, bind)
 
