@@ -1,5 +1,4 @@
-"""DeepGEMM adapters: the indexer logits (``fp8_paged_mqa_logits``, ``fp8_mqa_logits``) and the
-a8w8 dense linear (``fp8_gemm_nt``).
+"""DeepGEMM adapters for the indexer logits (``fp8_paged_mqa_logits``, ``fp8_mqa_logits``).
 
 Registered only when ``deep_gemm`` can be found; the import itself (which JIT-compiles on first
 call with the machine's nvcc) happens at the first call. Conventions converted to the contract:
@@ -11,11 +10,6 @@ call with the machine's nvcc) happens at the first call. Conventions converted t
   there itself (paged: in place, only past each row's length, one small Triton launch: a mask
   over the whole [B, max_ctx] cost ~80 us per layer at 64 x 128K on the H200, more than a
   quarter of the logits kernel).
-- ``fp8_gemm_nt`` takes the activations already quantized (e4m3 codes with one fp32 scale per
-  token and 128 columns, the layout ``dense.linear_a8w8`` defines): the Triton tier's quantizer
-  (``hwrun.kernels.triton.activation_quant``, byte-exact to hwrun.formats) makes them, then
-  DeepGEMM multiplies them by the weight's e4m3 codes with its fp32 128x128 tile scales. ue8m0
-  weight scales are not served here (SM90 DeepGEMM takes fp32 scales; the Triton tier serves them).
 """
 
 from __future__ import annotations
@@ -24,8 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from hwrun.ops.linear import check_linear_args
-from hwrun.ops.quantized_weight import QuantizedWeight
 from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_reasons
 from hwrun_nvidia.device_checks import cuda_reasons, importable
 
@@ -124,54 +116,9 @@ def logits_ragged(
     return logits[:, :n].masked_fill(outside, float("-inf"))
 
 
-def _linear_validate(spec: OpSpec) -> list[str]:
-    reasons = []
-    if not importable("deep_gemm"):
-        reasons.append("DeepGEMM is not installed (pip install tokenspeed-deepgemm)")
-    reasons += cuda_reasons(spec, min_sm=90)
-    reasons += format_reasons(spec, ("fp8_block128",), "weight")
-    return reasons + dtype_reasons(spec, ("bfloat16",), "input")
-
-
-def linear_a8w8(
-    x: torch.Tensor,  # [T, C] bfloat16, C a multiple of 128
-    weight: QuantizedWeight,  # [R, C] fp8_block128
-) -> torch.Tensor:  # [T, R] bfloat16
-    import deep_gemm
-
-    from hwrun.kernels.triton.activation_quant import quantize_activations
-
-    check_linear_args(x, weight, op="dense.linear_a8w8", formats=("fp8_block128",))
-    if x.dtype != torch.bfloat16:
-        raise ValueError(f"DeepGEMM's fp8_gemm_nt writes bf16: x must be bf16, got {x.dtype}")
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    if x.shape[0] == 0:
-        return out
-    codes, scales = quantize_activations(x, ue8m0=False)
-    w_codes = weight.data.contiguous().view(torch.float8_e4m3fn)
-    deep_gemm.fp8_gemm_nt(
-        (codes.view(torch.float8_e4m3fn), scales), (w_codes, weight.scales.contiguous()), out
-    )
-    return out
-
-
 def register(registry: OpRegistry) -> None:
     if not importable("deep_gemm"):
         return
-    registry.register(
-        OpImpl(
-            op="dense.linear_a8w8",
-            name="deepgemm",
-            platform=registry.platform,
-            fn=linear_a8w8,
-            # No host read: the quantizer and the GEMM are device launches (checked by
-            # test_adapters_gpu.py, capture then replay against eager).
-            graph_safe=True,
-            validate=_linear_validate,
-            priority=20,
-            description="Triton activation quantizer + DeepGEMM fp8_gemm_nt (1x128 / 128x128)",
-        )
-    )
     for op, fn, paged in (
         ("indexer.logits_paged", logits_paged, True),
         ("indexer.logits_ragged", logits_ragged, False),

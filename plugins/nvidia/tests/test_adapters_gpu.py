@@ -143,34 +143,3 @@ def test_deepgemm_paged_logits_replay_from_a_cuda_graph():
         return q, w, cache, "fp8", table, lens, 8192
 
     _replay_matches_eager(lambda *a: (logits_paged(*a),), inputs)
-
-
-@needs_deepgemm
-@pytest.mark.parametrize("tokens", [1, 64, 300])
-@pytest.mark.parametrize("rows,cols", [(2240, 4096), (20480, 1536), (4096, 8192), (576, 4096)])
-def test_deepgemm_a8w8_linear_adapter(tokens, rows, cols):
-    """The bench model's joined projections, o_proj and kv_a: within the dense.linear tolerance
-    of the reference (same quantized activations, sums in another order)."""
-    from hwrun.ops.linear import linear_a8w8 as reference
-    from hwrun.ops.quantized_weight import quantize_weight
-    from hwrun_nvidia.deepgemm import linear_a8w8
-
-    weight = quantize_weight(torch.randn(rows, cols, device="cuda") * 0.02, "fp8_block128", "w")
-    x = (torch.randn(tokens, cols, device="cuda") * 0.1).to(torch.bfloat16)
-    x[0, 7] = 200.0  # an outlier sets its group's scale
-    got, want = linear_a8w8(x, weight), reference(x, weight)
-    scale = float(want.float().abs().amax())
-    torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=1e-3 * scale)
-
-
-@needs_deepgemm
-def test_deepgemm_a8w8_linear_replays_from_a_cuda_graph():
-    from hwrun.ops.quantized_weight import quantize_weight
-    from hwrun_nvidia.deepgemm import linear_a8w8
-
-    weight = quantize_weight(torch.randn(2240, 4096, device="cuda") * 0.02, "fp8_block128", "w")
-
-    def inputs():
-        return (torch.randn(64, 4096, device="cuda").to(torch.bfloat16), weight)
-
-    _replay_matches_eager(lambda *a: (linear_a8w8(*a),), inputs)
