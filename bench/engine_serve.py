@@ -5,7 +5,9 @@ Requests go to an in-process :class:`~hwrun.engine.async_engine.AsyncEngine`, th
 request has ``--input-len`` random prompt token ids (distinct per request: the prefix cache does
 not help) and generates exactly ``--output-len`` tokens (``ignore_eos``). Arrivals are Poisson
 at each ``--rate`` (requests per second; ``inf``: all at once), with at most ``--concurrency``
-requests in flight (later ones wait for a slot, as a client pool would).
+requests in flight (later ones wait for a slot, as a client pool would). A warm-up round
+(``--warmup`` requests of the same prompt length, all at once, not reported) runs first, so the
+first measured requests do not pay for compilation.
 
 Per (rate, concurrency) it reports output tokens per second over the run, TTFT (arrival to first
 token) and TPOT (time after the first token per further token) at p50 / p90 / p99, and, on CUDA,
@@ -129,6 +131,13 @@ async def main_async(args) -> list[dict]:
     print(f"ops: {', '.join(f'{c.op}={c.platform}:{c.impl}' for c in engine.op_table)}")
     rows = []
     try:
+        if args.warmup:
+            # Not reported: the first prefill chunks compile (torch.compile, Triton, the vendor
+            # JITs); the H200's first run without this put 16 s of TTFT on them.
+            warm = argparse.Namespace(**{**vars(args), "requests": args.warmup, "output_len": 4})
+            started = time.perf_counter()
+            await run_load(engine, warm, math.inf, max(args.concurrency), seed=-1)
+            print(f"warm-up: {args.warmup} requests in {time.perf_counter() - started:.1f} s")
         for concurrency in args.concurrency:
             for index, rate in enumerate(args.rate):
                 row = await run_load(engine, args, rate, concurrency, seed=index)
@@ -167,8 +176,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--index-query-dtype", default="bf16")
     parser.add_argument("--linear-activation-dtype", default="bf16")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="requests (4 output tokens each, all at once) run before the measured ones and not "
+        "reported (default: the largest --concurrency; 0: none)",
+    )
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
+    if args.warmup is None:
+        args.warmup = max(args.concurrency)
     if args.output_len < 1 or args.input_len < 1 or args.requests < 1:
         parser.error("--input-len, --output-len and --requests must be >= 1")
     rows = asyncio.run(main_async(args))
