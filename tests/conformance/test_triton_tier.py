@@ -26,6 +26,7 @@ TRITON_OPS = {
     "kv.write_latent",
     "kv.write_index_keys",
     "dense.linear",
+    "dense.linear_a8w8",
 }
 
 pytestmark = pytest.mark.skipif(

@@ -28,10 +28,11 @@ from hwrun_nvidia.serve_recipe import hwrun_serve_recipe, hwrun_validate_deploym
 NAME = "nvidia"
 TRITON = TritonTier(triton_device_reasons, TUNED_FOR)
 
-# Impls that passed `hwrun conformance --platform nvidia` on an H200 (sm_90): the Triton and
-# torch tiers in the full run of commit 98f5016 (docs/results/nvidia-h200; its three top-k
-# FAILs were the suite comparing rows in order, fixed in 6b9d8a4), DeepGEMM and FlashMLA in the
-# run of commit 7f8d936 (docs/benchmarks.md). Blackwell has run nothing yet.
+# Impls that passed `hwrun conformance --platform nvidia` on an H200 (sm_90), every one of them
+# in the full run of commit 6735178 (2026-12-01, docs/benchmarks.md: conformant, 287 run, 284
+# passed, 3 quality warnings); the Triton and torch tiers first in the run of 98f5016
+# (docs/results/nvidia-h200), DeepGEMM and FlashMLA in that of 7f8d936. Blackwell has run
+# nothing yet.
 HARDWARE_VALIDATED = tuple(
     (op, impl, "sm_90")
     for impl, ops in (
@@ -39,12 +40,16 @@ HARDWARE_VALIDATED = tuple(
             "triton",
             (
                 "attn.lse_combine",
+                "dense.linear",
+                "dense.linear_a8w8",
                 "indexer.logits_paged",
                 "indexer.logits_ragged",
+                "indexer.to_slots",
                 "indexer.topk",
                 "kv.write_index_keys",
                 "kv.write_latent",
                 "moe.experts",
+                "moe.route",
                 "sparse_mla.decode",
                 "sparse_mla.prefill",
             ),
