@@ -1,4 +1,5 @@
-"""dense.linear: ``x @ decode(W)^T`` with the weight read as stored (bf16, or block-FP8 codes).
+"""dense.linear: ``x @ decode(W)^T`` with the weight read as stored (bf16, or block-FP8 codes);
+dense.linear_a8w8: the same kernel over e4m3 activation codes (``A_FP8``).
 
 One GEMM kernel, ``_linear_kernel``, plus ``_sum_splits_kernel`` when the reduction dimension is
 split. Neither needs a device value on the host, and every allocation's size follows from the
@@ -23,6 +24,12 @@ sweep them):
 - ``swap_ab`` computes ``W_tile @ x_tile^T`` (the weight rows on the matrix units' M side, the
   few tokens on their N side: Hopper's wgmma reads its left operand from registers, where the
   decoded weight tile already is). A knob to sweep; off by default.
+
+``linear_a8w8`` first quantizes ``x`` per token and 128 columns (activation_quant.py, one
+launch, byte-exact to hwrun.formats), then runs the kernel with ``A_FP8``: both tiles go to the
+matrix units as e4m3 (on Hopper an fp8 wgmma, no per-element conversion of the weight tile) and
+each 128-wide K step's product is multiplied by the activation rows' and weight rows' scales.
+On the H200 this halved the 64-row time of the large projections (docs/benchmarks.md).
 
 Numerics against the reference (``hwrun.ops.linear``): the same bf16 inputs, exact fp32
 products, fp32 sums, one rounding; the scale multiplies a 128-wide partial sum where the
@@ -91,6 +98,11 @@ DECODE_GRID = (
     LinearTiles(16, 64, 128, swap_ab=True, num_warps=4, num_stages=4),
     LinearTiles(32, 128, 128, swap_ab=True, num_warps=4, num_stages=3),
     LinearTiles(64, 64, 128, num_warps=4, num_stages=3),
+    # wider weight tiles at 64 rows: each program re-reads the rows' activations per weight
+    # tile, as many bytes as its weight tile at 64 x 64 with e4m3 on both sides (not yet timed)
+    LinearTiles(64, 128, 128, num_warps=4, num_stages=3),
+    LinearTiles(64, 128, 128, swap_ab=True, num_warps=4, num_stages=3),
+    LinearTiles(64, 256, 128, num_warps=8, num_stages=3),
 )
 PREFILL_GRID = (
     LinearTiles(64, 128, 128, num_warps=4, num_stages=3),
