@@ -402,15 +402,21 @@ def test_dense_linear_replays_in_a_cuda_graph():
     from hwrun.kernels.triton.linear import default_tiles, linear
 
     weight = _fp8_linear_weight(576, 4096)
-    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
     assert default_tiles(8, 576, 4096, 132).split_k > 1  # the two-launch path is captured
-    linear(x, weight)  # compile outside the capture
+    _assert_replay_matches_eager(linear, weight)
+
+
+def _assert_replay_matches_eager(fn, weight) -> None:
+    """``fn(x, weight)`` for 8 rows captured in a CUDA graph, replayed on new rows: exactly an
+    eager call's result."""
+    x = torch.randn(8, weight.shape[1], device="cuda", dtype=torch.bfloat16)
+    fn(x, weight)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = linear(x, weight)
-    x.copy_(torch.randn(8, 4096, device="cuda"))
+        out = fn(x, weight)
+    x.copy_(torch.randn(8, weight.shape[1], device="cuda"))
     graph.replay()
-    torch.testing.assert_close(out, linear(x, weight), rtol=0, atol=0)
+    torch.testing.assert_close(out, fn(x, weight), rtol=0, atol=0)
 
 
 # dense.linear_a8w8: activations quantized per token and 128 columns, e4m3 on both sides.
@@ -453,14 +459,7 @@ def test_dense_linear_a8w8_ue8m0_tiles_and_graph_replay():
         for tiles in grid:
             tiles = replace(tiles, block_k=128, split_k=4 if tokens == 64 else 1)
             _moe_close(linear_a8w8(x, weight, tiles), want)
-    x = torch.randn(8, 8192, device="cuda", dtype=torch.bfloat16)
-    linear_a8w8(x, weight)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = linear_a8w8(x, weight)
-    x.copy_(torch.randn(8, 8192, device="cuda"))
-    graph.replay()
-    torch.testing.assert_close(out, linear_a8w8(x, weight), rtol=0, atol=0)
+    _assert_replay_matches_eager(linear_a8w8, weight)
 
 
 # moe.route and indexer.to_slots: one launch each (the torch tier's took ~45 and ~6).

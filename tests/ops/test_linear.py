@@ -41,13 +41,17 @@ def test_the_block_fp8_weight_is_decoded_exactly_by_the_formats():
     assert torch.equal(linear(x, weight), decoded.T)
 
 
+def _assert_rows_alone_match_batched(fn, x, weight) -> None:
+    batched = fn(x, weight)
+    for row in range(x.shape[0]):
+        assert torch.equal(_bits(fn(x[row : row + 1], weight)), _bits(batched[row : row + 1]))
+
+
 def test_each_row_has_the_same_bits_alone_and_batched():
     g = torch.Generator().manual_seed(3)
     weight = quantize_weight(torch.randn(96, 512, generator=g), "fp8_block128_ue8m0", "w")
     x = torch.randn(9, 512, generator=g).to(torch.bfloat16)
-    batched = linear(x, weight)
-    for row in range(9):
-        assert torch.equal(_bits(linear(x[row : row + 1], weight)), _bits(batched[row : row + 1]))
+    _assert_rows_alone_match_batched(linear, x, weight)
 
 
 def test_no_rows():
@@ -114,11 +118,7 @@ def test_a8w8_rows_are_independent_and_refusals_name_the_op():
     g = torch.Generator().manual_seed(12)
     weight = quantize_weight(torch.randn(96, 256, generator=g), "fp8_block128", "w")
     x = torch.randn(5, 256, generator=g).to(torch.bfloat16)
-    batched = linear_a8w8(x, weight)
-    for row in range(5):
-        assert torch.equal(
-            _bits(linear_a8w8(x[row : row + 1], weight)), _bits(batched[row : row + 1])
-        )
+    _assert_rows_alone_match_batched(linear_a8w8, x, weight)
     assert linear_a8w8(x[:0], weight).shape == (0, 96)
     with pytest.raises(ValueError, match=r"dense.linear_a8w8: weight \(w\) is bf16; .* takes"):
         linear_a8w8(x, quantize_weight(torch.randn(96, 256), "bf16", "w"))
