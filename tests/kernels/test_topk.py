@@ -15,6 +15,9 @@ from hwrun.ops.topk import topk as reference
 # constructed rows overflow.
 SMALL = ThresholdTiles(segments=32, capacity=128, block=256, compact_block=64, chunks=3)
 TINY_CAPACITY = ThresholdTiles(segments=32, capacity=16, block=256, compact_block=128)
+BY_SEGMENT = ThresholdTiles(
+    segments=32, capacity=128, block=256, compact_block=64, chunks=3, by_segment=True
+)
 I32 = torch.int32
 
 
@@ -42,7 +45,9 @@ def _edge_rows(seed, length=1500):
     return logits, starts, ends
 
 
-@pytest.mark.parametrize("tiles", [SMALL, TINY_CAPACITY], ids=["small", "tiny_capacity"])
+@pytest.mark.parametrize(
+    "tiles", [SMALL, TINY_CAPACITY, BY_SEGMENT], ids=["small", "tiny_capacity", "by_segment"]
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_threshold_matches_reference_sets(seed, tiles):
     logits, starts, ends = _edge_rows(seed)
@@ -57,7 +62,23 @@ def test_edge_rows_reach_every_selection_path():
     assert half < counts[8] <= cap, counts
 
 
-def test_threshold_overflow_rows_take_the_exact_slow_path():
+def test_compacting_by_segment_finds_the_same_candidates():
+    """The live-segment compaction counts exactly the keys >= T that the column scan counts
+    (every path: half tile, full tile, slow path), and selects the same sets on rows with
+    short windows inside long ones (several levels per call)."""
+    rows = _edge_rows(1)
+    torch.testing.assert_close(
+        candidate_counts(*rows, 16, BY_SEGMENT), candidate_counts(*rows, 16, SMALL)
+    )
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(4, 2048, generator=g)
+    starts = torch.tensor([1000, 0, 1747, 3], dtype=I32)
+    ends = torch.tensor([1300, 2048, 2047, 2045], dtype=I32)
+    _assert_sets(topk(logits, starts, ends, 8, BY_SEGMENT), reference(logits, starts, ends, 8))
+
+
+@pytest.mark.parametrize("tiles", [SMALL, BY_SEGMENT], ids=["small", "by_segment"])
+def test_threshold_overflow_rows_take_the_exact_slow_path(tiles):
     # Sorted, all-equal and three-valued rows put whole segments (or the whole window) over T.
     g = torch.Generator().manual_seed(2)
     logits = torch.randn(4, 1024, generator=g)
@@ -66,9 +87,9 @@ def test_threshold_overflow_rows_take_the_exact_slow_path():
     logits[2] = torch.randint(0, 3, (1024,), generator=g).float()
     starts = torch.tensor([0, 7, 0, 0], dtype=I32)
     ends = torch.tensor([1024, 1000, 1024, 1024], dtype=I32)
-    counts = candidate_counts(logits, starts, ends, 16, SMALL)
-    assert (counts[:3] > SMALL.capacity).all() and counts[3] <= SMALL.capacity, counts
-    _assert_sets(topk(logits, starts, ends, 16, SMALL), reference(logits, starts, ends, 16))
+    counts = candidate_counts(logits, starts, ends, 16, tiles)
+    assert (counts[:3] > tiles.capacity).all() and counts[3] <= tiles.capacity, counts
+    _assert_sets(topk(logits, starts, ends, 16, tiles), reference(logits, starts, ends, 16))
 
 
 def test_threshold_short_and_empty_rows_pad_with_minus_one():

@@ -12,7 +12,10 @@ exact selection runs over a few thousand candidates held in registers.
    column of the result, ties at the k-th key included, scores >= T.
 3. ``_compact`` (rows x chunks programs): the window's keys >= T, read only in segments whose
    maximum reaches T, appended to a per-row buffer of ``CAP`` slots (one atomic per tile,
-   the next tile's loads issued before it).
+   the next tile's loads issued before it). With ``ThresholdTiles.by_segment``, ``_threshold``
+   also lists the segments whose maximum reaches T and ``_compact_live`` reads only their
+   columns, as flat tiles of that list (on the H200, ``_compact`` at 64 x 131072 took 52 us a
+   layer, 4x a full read of the rows: a scan and an atomic in each of 128 tiles a row).
 4. ``_select`` (one program per row): the exact k-th key among the candidates by a bitwise
    search in registers; ties at it go by smallest index. A row with more than ``CAP``
    candidates (heavy ties, scores clustered in whole segments) takes an exact slow path in the
@@ -111,10 +114,13 @@ def _threshold(
     max_ptr,  # [R, M] int32
     thresh_ptr,  # [R] int32: uint32 key T
     count_ptr,  # [R] int32: zeroed here for _compact
+    live_ptr,  # [R, M] int32: with LIST, the segments whose maximum reaches T, in order
+    nlive_ptr,  # [R] int32: with LIST, how many
     k,
     M: tl.constexpr,
     LEVELS: tl.constexpr,
     BITS: tl.constexpr,
+    LIST: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     start = tl.load(starts_ptr + row)
@@ -130,6 +136,11 @@ def _threshold(
         lo = tl.zeros((), tl.uint32)
         t = _kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
         tl.store(thresh_ptr + row, t.to(tl.int32, bitcast=True))
+        if LIST:
+            live = (seg < nseg) & (seg_max >= t)
+            pos = tl.cumsum(live.to(tl.int32), 0) - 1
+            tl.store(live_ptr + row * M + pos, seg, mask=live)
+            tl.store(nlive_ptr + row, tl.sum(live.to(tl.int32), 0))
 
 
 @triton.jit
@@ -186,6 +197,56 @@ def _compact(
                 tl.store(cand_idx_ptr + row * CAP + slot, idx, keep)
             idx += BLOCK
             x, live = x_next, live_next
+
+
+@triton.jit
+def _compact_live(
+    logits_ptr,  # [R, L] float32
+    starts_ptr,  # [R] int32
+    ends_ptr,  # [R] int32
+    live_ptr,  # [R, M] int32: the live segments (_threshold with LIST)
+    nlive_ptr,  # [R] int32
+    thresh_ptr,  # [R] int32
+    count_ptr,  # [R] int32
+    cand_key_ptr,  # [R, CAP] int32
+    cand_idx_ptr,  # [R, CAP] int32
+    row_stride,
+    k,
+    M: tl.constexpr,
+    LEVELS: tl.constexpr,
+    CAP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """_compact over the live segments' columns only: position q of the row's live space is
+    column ``q mod 2**level`` of live segment ``q >> level``. Each tile is all live columns (a
+    quarter of a 131072-column row in ~9 tiles of 4096, where _compact scans 128 tiles of
+    1024), and no column gathers its segment's maximum."""
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    parts = tl.num_programs(1)
+    start = tl.load(starts_ptr + row)
+    end = tl.load(ends_ptr + row)
+    if end - start > k:
+        level = _row_level(start, end, M, LEVELS)
+        first = (start >> level) << level  # segment 0's first column
+        within = (1 << level) - 1
+        t = tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True)
+        total = tl.load(nlive_ptr + row) << level
+        row_ptr = logits_ptr + row * row_stride
+        for lo in range(part * BLOCK, total, parts * BLOCK):
+            q = lo + tl.arange(0, BLOCK)
+            seg = tl.load(live_ptr + row * M + (q >> level), mask=q < total, other=0)
+            col = first + (seg << level) + (q & within)
+            live = (q < total) & (col >= start) & (col < end)
+            key = _sortable_key(tl.load(row_ptr + col, mask=live, other=0.0))
+            cand = live & (key >= t)
+            n = tl.sum(cand.to(tl.int32), 0)
+            if n > 0:
+                base = tl.atomic_add(count_ptr + row, n, sem="relaxed")
+                slot = base + tl.cumsum(cand.to(tl.int32), 0) - 1
+                keep = cand & (slot < CAP)
+                tl.store(cand_key_ptr + row * CAP + slot, key.to(tl.int32, bitcast=True), keep)
+                tl.store(cand_idx_ptr + row * CAP + slot, col, keep)
 
 
 @triton.jit
@@ -297,6 +358,9 @@ class ThresholdTiles:
     block: int = 4096  # columns per tile of _segment_max
     compact_block: int = 1024  # columns per tile of _compact and of the slow path
     chunks: int | None = None  # _compact programs per row; None: ~8 per multiprocessor
+    # Compact over the live segments' columns (a list _threshold writes) instead of scanning
+    # every column: fewer, fuller tiles. Not yet timed on a GPU; in SWEEP_GRID.
+    by_segment: bool = False
     num_warps: int = 8  # _segment_max, _compact
     select_warps: int = 8  # _threshold, _select (one program per row)
     threshold_bits: int = 16  # top bits of T searched; fewer: a coarser (lower) T
@@ -317,6 +381,9 @@ SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
         {"block": 8192},
         {"compact_block": 512},
         {"compact_block": 2048},
+        {"by_segment": True},
+        {"by_segment": True, "compact_block": 4096, "chunks": 4},
+        {"by_segment": True, "compact_block": 2048},
         {"num_warps": 4},
         {"num_warps": 16},
         {"select_warps": 16},
@@ -368,13 +435,25 @@ def _run(
     _segment_max[(R, cdiv(width, seg_block))](
         logits, *rows, seg_max, stride, L, k, M, levels, seg_block, num_warps=warps
     )
+    # With by_segment, the live segments' list and count (else unused: seg_max stands in).
+    live, nlive = seg_max, thresh
+    if tiles.by_segment:
+        live = torch.empty((R, M), dtype=torch.int32, device=device)
+        nlive = torch.empty(R, dtype=torch.int32, device=device)
     _threshold[(R,)](
-        *rows, seg_max, thresh, counts, k, M, levels, tiles.threshold_bits, num_warps=select_warps
-    )
-    _compact[(R, cdiv(width, chunk))](
-        logits, *rows, seg_max, thresh, counts, cand[0], cand[1], stride, L, k, chunk,
-        M, levels, cap, block, num_warps=warps,
+        *rows, seg_max, thresh, counts, live, nlive, k, M, levels, tiles.threshold_bits,
+        tiles.by_segment, num_warps=select_warps,
     )  # fmt: skip
+    if tiles.by_segment:
+        _compact_live[(R, max(1, min(chunks, cdiv(width, block))))](
+            logits, *rows, live, nlive, thresh, counts, cand[0], cand[1], stride, k, M, levels,
+            cap, block, num_warps=warps,
+        )  # fmt: skip
+    else:
+        _compact[(R, cdiv(width, chunk))](
+            logits, *rows, seg_max, thresh, counts, cand[0], cand[1], stride, L, k, chunk,
+            M, levels, cap, block, num_warps=warps,
+        )  # fmt: skip
     _select[(R,)](
         logits, *rows, thresh, counts, cand[0], cand[1], out, stride, L, k,
         cap, max(1, (L - 1).bit_length()), block, min(pow2(k), 4096), num_warps=select_warps,
