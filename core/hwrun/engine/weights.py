@@ -9,10 +9,11 @@ A weight stored as FP8 E4M3 with a sibling ``weight_scale_inv`` (fp32, one per 1
 block-FP8 as DeepSeek ships it: ``w = fp8 * scale_inv`` tile by tile.
 
 - Dense linears stored as block-FP8 stay FP8: a ``Linear`` over a ``QuantizedWeight``
-  (``fp8_block128``), computed by the engine's ``dense.linear`` op once :func:`bind_linears` has
-  given it the resolved ops (a decode step then reads one byte per weight, not two). Other dense
-  linears are kept in the compute dtype and are plain torch products; the indexer's
-  ``weights_proj`` in fp32 (block-FP8 or not).
+  (``fp8_block128``), computed by the engine's ``dense.linear`` op (``dense.linear_a8w8`` with
+  ``--linear-activation-dtype fp8``) once :func:`bind_linears` has given it the resolved ops
+  (a decode step then reads one byte per weight, not two). Other dense linears are kept in the
+  compute dtype and are plain torch products; the indexer's ``weights_proj`` in fp32
+  (block-FP8 or not).
 - MLA's ``kv_b_proj`` is split into the absorbed ``W_UK [H, nope, 512]`` and ``W_UV [H, v, 512]``
   (decode and prefill both attend in the 576-wide latent space).
 - Routed and shared experts become ``QuantizedWeight``s for ``moe.experts``: block-FP8 stays
