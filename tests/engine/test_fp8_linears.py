@@ -8,17 +8,19 @@ on the stored codes against the GPU reference run, eager and replayed from CUDA 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from hwrun.engine.batch import ScheduledChunk
 from hwrun.engine.model_config import load_model_config
 from hwrun.engine.op_table import EngineStartupError, OpTable
 from hwrun.engine.tensor_parallel import _cols, _rows, tp_reasons
 from hwrun.engine.weights import Linear, bind_linears, load_weights, quantized_linear_formats
+from hwrun.formats.fp8 import dequantize_fp8_block128
 from hwrun.ops.linear import linear as reference_linear
 from hwrun.ops.linear import linear_a8w8 as reference_a8w8
 from hwrun.ops.quantized_weight import QuantizedWeight, quantize_weight
@@ -154,6 +156,55 @@ def test_fp8_activations_run_the_a8w8_op(plugins, a8w8_model):  # noqa: F811
     assert torch.isfinite(got).all() and not torch.equal(got, want)
     # e4m3 activations (3 mantissa bits) through 2 layers of the tiny model: a few percent
     assert _relative_row_errors(got, want).max().item() < 0.1
+
+
+def _with_scale_fmt(path, powers_of_two: bool) -> None:
+    """The checkpoint at ``path`` declaring ``scale_fmt: ue8m0``, its block scales rounded up to
+    powers of two (DeepSeek-V3.1 and later store them so) or left as they are."""
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "scale_fmt": "ue8m0"}
+    (path / "config.json").write_text(json.dumps(config))
+    if powers_of_two:
+        file = path / "model.safetensors"
+        tensors = load_file(file)
+        for name, tensor in tensors.items():
+            if name.endswith("weight_scale_inv"):
+                tensors[name] = torch.exp2(torch.ceil(torch.log2(tensor)))
+        save_file(tensors, file, metadata={"format": "pt"})
+
+
+def test_ue8m0_checkpoints_keep_their_power_of_two_scales_as_e8m0(plugins, tmp_path):  # noqa: F811
+    """scale_fmt ue8m0: linears whose scales are powers of two load as fp8_block128_ue8m0 (the
+    same decoded values), so dense.linear_a8w8 rounds the activations' scales up to powers of
+    two, as DeepSeek's inference code does; other scales stay fp32 (fp8_block128)."""
+    pow2, plain = tmp_path / "pow2", tmp_path / "plain"
+    for path, powers in ((pow2, True), (plain, False)):
+        build_tiny_model(path, seed=7, weights="fp8", **A8W8_READY)
+        _with_scale_fmt(path, powers)
+    stored = load_file(pow2 / "model.safetensors")
+    config = load_model_config(pow2)
+    assert config.fp8_scale_fmt == "ue8m0"
+    q_a = load_weights(pow2, config, "cpu", torch.float32).layers[0].attention.q_a_proj.weight
+    assert q_a.format == "fp8_block128_ue8m0" and q_a.scales.dtype == torch.uint8
+    name = ATTN + "q_a_proj.weight"
+    decoded = dequantize_fp8_block128(
+        stored[name].view(torch.uint8), stored[name.removesuffix("weight") + "weight_scale_inv"]
+    )
+    assert torch.equal(q_a.dequantize(), decoded)
+    kept = load_weights(plain, load_model_config(plain), "cpu", torch.float32)
+    assert kept.layers[0].attention.q_a_proj.weight.format == "fp8_block128"
+
+    runner = _runner(
+        plugins, model=str(pow2), platform="reference", num_kv_tokens=8 * 64,
+        linear_activation_dtype="fp8",
+    )  # fmt: skip
+    linear = runner.model.weights.layers[0].attention.q_a_proj
+    assert linear.activations_of == "fp8_block128_ue8m0"
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(8))
+    torch.testing.assert_close(linear(x), reference_a8w8(x, q_a), rtol=1e-5, atol=1e-6)
+    scales = torch.exp2(q_a.scales.float() - 127)  # the same powers of two, as fp32
+    fp32_scales = QuantizedWeight("fp8_block128", q_a.shape, q_a.data, scales)
+    assert not torch.equal(reference_a8w8(x, q_a), reference_a8w8(x, fp32_scales))
 
 
 def test_fp8_activations_refuse_inputs_not_in_groups_of_128(plugins, fp8_model):  # noqa: F811

@@ -57,6 +57,10 @@ def test_a_transformers_config_parses():
         ({"rope_parameters": {"rope_type": "longrope"}}, "rope_type 'longrope' is not supported"),
         ({"mlp_layer_types": ["dense"]}, "mlp_layer_types must list 'dense' or 'sparse'"),
         ({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, "the engine runs"),
+        (
+            {"quantization_config": {"scale_fmt": "e5m2"}},
+            "quantization_config.scale_fmt must be 'ue8m0' or absent",
+        ),
     ],
 )
 def test_each_bad_field_is_named(change, reason):
@@ -65,6 +69,12 @@ def test_each_bad_field_is_named(change, reason):
         parse_model_config(raw)
     assert any(reason in r for r in err.value.reasons), err.value.reasons
     assert isinstance(err.value, UsageError)
+
+
+def test_the_fp8_scale_format_is_read_from_the_quantization_config():
+    assert parse_model_config(_valid()).fp8_scale_fmt is None
+    ue8m0 = {"quant_method": "fp8", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
+    assert parse_model_config({**_valid(), "quantization_config": ue8m0}).fp8_scale_fmt == "ue8m0"
 
 
 def test_every_missing_field_is_listed_at_once():

@@ -78,6 +78,9 @@ class ModelConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # quantization_config.scale_fmt of a block-FP8 checkpoint: "ue8m0" (DeepSeek-V3.1 and later:
+    # every scale a power of two, activations' scales too), or None (fp32 scales)
+    fp8_scale_fmt: str | None = None
 
     @property
     def qk_head_dim(self) -> int:
@@ -199,6 +202,7 @@ def parse_model_config(raw: Any, path: str = "config.json") -> ModelConfig:
     if scoring != "sigmoid":
         r.reasons.append(f"scoring_func must be 'sigmoid' (DeepSeek-V3 routing), got {scoring!r}")
     fields["eos_token_ids"] = _eos_ids(raw.get("eos_token_id"), r)
+    fields["fp8_scale_fmt"] = _scale_fmt(raw, r)
     fields["moe_layers"] = _moe_layers(raw, fields["num_layers"], r)
     fields["rope"] = _rope(raw, r)
     _check_moe(fields, r)
@@ -218,6 +222,17 @@ def read_config_json(model_dir: str | Path) -> Any:
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
     return parse_model_config(read_config_json(model_dir), str(Path(model_dir) / "config.json"))
+
+
+def _scale_fmt(raw: dict[str, Any], r: _Reader) -> str | None:
+    quantization = raw.get("quantization_config") or {}
+    value = quantization.get("scale_fmt") if isinstance(quantization, dict) else None
+    if value not in (None, "ue8m0"):
+        r.reasons.append(
+            f"quantization_config.scale_fmt must be 'ue8m0' or absent (fp32 scales), got {value!r}"
+        )
+        return None
+    return value
 
 
 def _eos_ids(value: Any, r: _Reader) -> tuple[int, ...]:

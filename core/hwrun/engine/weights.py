@@ -9,9 +9,13 @@ A weight stored as FP8 E4M3 with a sibling ``weight_scale_inv`` (fp32, one per 1
 block-FP8 as DeepSeek ships it: ``w = fp8 * scale_inv`` tile by tile.
 
 - Dense linears stored as block-FP8 stay FP8: a ``Linear`` over a ``QuantizedWeight``
-  (``fp8_block128``), computed by the engine's ``dense.linear`` op (``dense.linear_a8w8`` with
-  ``--linear-activation-dtype fp8``) once :func:`bind_linears` has given it the resolved ops
-  (a decode step then reads one byte per weight, not two). Other dense linears are kept in the
+  (``fp8_block128``; ``fp8_block128_ue8m0`` where config.json's ``quantization_config`` says
+  ``scale_fmt: ue8m0`` and every scale of the weight is a power of two, as DeepSeek-V3.1 and
+  later store them: the same values, and dense.linear_a8w8 then rounds the activations' scales
+  up to powers of two as DeepSeek's inference code does), computed by the engine's
+  ``dense.linear`` op (``dense.linear_a8w8`` with ``--linear-activation-dtype fp8``) once
+  :func:`bind_linears` has given it the resolved ops (a decode step then reads one byte per
+  weight, not two). Other dense linears are kept in the
   compute dtype and are plain torch products; the indexer's ``weights_proj`` in fp32
   (block-FP8 or not).
 - MLA's ``kv_b_proj`` is split into the absorbed ``W_UK [H, nope, 512]`` and ``W_UV [H, v, 512]``
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 
 from hwrun.checkpoint.safetensors_reader import CheckpointError, SafetensorsCheckpoint
 from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
+from hwrun.formats.e8m0 import encode_e8m0
 from hwrun.formats.fp8 import dequantize_fp8_block128
 from hwrun.ops.indexer import INDEX_HEAD_DIM
 from hwrun.ops.linear import A8W8_WEIGHT_FORMATS, quantize_activations
@@ -217,7 +222,16 @@ class _Loader:
         """A block-FP8 weight as stored (fp8_block128), unless ``dtype`` asks for another;
         anything else in ``dtype`` (default the compute dtype)."""
         if dtype is None and self.is_fp8(name):
-            return Linear(self.quantized([name], name))
+            weight = self.quantized([name], name)
+            if self.config.fp8_scale_fmt == "ue8m0" and _powers_of_two(weight.scales):
+                weight = QuantizedWeight(
+                    "fp8_block128_ue8m0",
+                    weight.shape,
+                    weight.data,
+                    encode_e8m0(weight.scales),
+                    name=weight.name,
+                )
+            return Linear(weight)
         return Linear(self.dense(name, dtype))
 
     def quantized(self, names: list[str], label: str) -> QuantizedWeight:
@@ -394,6 +408,13 @@ def a8w8_reasons(weights: ModelWeights) -> list[str]:
         f"columns by block-FP8 weights, which {', '.join(misfits)} are not; use "
         "--linear-activation-dtype bf16 for this checkpoint"
     ]
+
+
+def _powers_of_two(scales: torch.Tensor) -> bool:
+    """Every fp32 scale a normal power of two (what e8m0 codes hold exactly)."""
+    bits = scales.float().contiguous().view(torch.int32)
+    exponent = (bits >> 23) & 0xFF
+    return bool(((bits & 0x7FFFFF) == 0).all() and ((exponent > 0) & (exponent < 255)).all())
 
 
 def _is_quantized(linear: Linear) -> bool:
