@@ -3,6 +3,8 @@ kernel (the registered one) and the radix kernel it hands k > MAX_K to."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ TINY_CAPACITY = ThresholdTiles(segments=32, capacity=16, block=256, compact_bloc
 BY_SEGMENT = ThresholdTiles(
     segments=32, capacity=128, block=256, compact_block=64, chunks=3, by_segment=True
 )
+PAIRS = ThresholdTiles(segments=32, capacity=128, block=256, compact_block=64, search_pairs=True)
 I32 = torch.int32
 
 
@@ -46,7 +49,9 @@ def _edge_rows(seed, length=1500):
 
 
 @pytest.mark.parametrize(
-    "tiles", [SMALL, TINY_CAPACITY, BY_SEGMENT], ids=["small", "tiny_capacity", "by_segment"]
+    "tiles",
+    [SMALL, TINY_CAPACITY, BY_SEGMENT, PAIRS],
+    ids=["small", "tiny_capacity", "by_segment", "pairs"],
 )
 @pytest.mark.parametrize("seed", [0, 1])
 def test_threshold_matches_reference_sets(seed, tiles):
@@ -77,7 +82,7 @@ def test_compacting_by_segment_finds_the_same_candidates():
     _assert_sets(topk(logits, starts, ends, 8, BY_SEGMENT), reference(logits, starts, ends, 8))
 
 
-@pytest.mark.parametrize("tiles", [SMALL, BY_SEGMENT], ids=["small", "by_segment"])
+@pytest.mark.parametrize("tiles", [SMALL, BY_SEGMENT, PAIRS], ids=["small", "by_segment", "pairs"])
 def test_threshold_overflow_rows_take_the_exact_slow_path(tiles):
     # Sorted, all-equal and three-valued rows put whole segments (or the whole window) over T.
     g = torch.Generator().manual_seed(2)
@@ -90,6 +95,18 @@ def test_threshold_overflow_rows_take_the_exact_slow_path(tiles):
     counts = candidate_counts(logits, starts, ends, 16, tiles)
     assert (counts[:3] > tiles.capacity).all() and counts[3] <= tiles.capacity, counts
     _assert_sets(topk(logits, starts, ends, 16, tiles), reference(logits, starts, ends, 16))
+
+
+@pytest.mark.parametrize("bits", [12, 16])
+def test_two_bits_a_round_find_the_same_threshold(bits):
+    """search_pairs finds the same T (so the same candidate count) as the one-bit search, at
+    any even threshold_bits, and refuses an odd one."""
+    rows = _edge_rows(2)
+    one = candidate_counts(*rows, 16, replace(SMALL, threshold_bits=bits))
+    two = candidate_counts(*rows, 16, replace(PAIRS, threshold_bits=bits))
+    torch.testing.assert_close(two, one)
+    with pytest.raises(ValueError, match="threshold_bits must be even, got 13"):
+        topk(*rows, 16, replace(PAIRS, threshold_bits=13))
 
 
 def test_threshold_short_and_empty_rows_pad_with_minus_one():

@@ -56,19 +56,47 @@ def _row_level(start, end, M: tl.constexpr, LEVELS: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest(keys, k, lo, hi, BITS: tl.constexpr):
+def _kth_largest(keys, k, lo, hi, BITS: tl.constexpr, PAIRS: tl.constexpr):
     """The largest v (zero below its top BITS bits) with at least k keys >= v, given
-    lo <= v <= hi: the bits above lo's and hi's first difference are copied, not searched."""
+    lo <= v <= hi: the bits above lo's and hi's first difference are copied, not searched.
+    With PAIRS, two bits a round: three counts in one reduction (half the rounds, each of
+    whose cost is mostly the reduction's latency across warps), else one bit a round."""
     diff = lo ^ hi
     v = tl.zeros((), tl.uint32)
-    for i in tl.static_range(BITS):
-        bit = tl.full((), 1, tl.uint32) << (31 - i)
-        if (diff >> (31 - i)) == 0:
-            v = v | (lo & bit)
-        else:
-            trial = v | bit
-            v = tl.where(tl.sum((keys >= trial).to(tl.int32), 0) >= k, trial, v)
+    if PAIRS:
+        tl.static_assert(BITS % 2 == 0, "two bits a round need an even BITS")
+        for i in tl.static_range(BITS // 2):
+            shift: tl.constexpr = 30 - 2 * i
+            if (diff >> shift) == 0:
+                v = v | (lo & (3 << shift))
+            else:
+                t1 = v | (tl.full((), 1, tl.uint32) << shift)
+                t2 = v | (tl.full((), 2, tl.uint32) << shift)
+                t3 = v | (tl.full((), 3, tl.uint32) << shift)
+                c1, c2, c3 = tl.reduce(
+                    (
+                        (keys >= t1).to(tl.int32),
+                        (keys >= t2).to(tl.int32),
+                        (keys >= t3).to(tl.int32),
+                    ),
+                    0,
+                    _add3,
+                )
+                v = tl.where(c3 >= k, t3, tl.where(c2 >= k, t2, tl.where(c1 >= k, t1, v)))
+    else:
+        for i in tl.static_range(BITS):
+            bit = tl.full((), 1, tl.uint32) << (31 - i)
+            if (diff >> (31 - i)) == 0:
+                v = v | (lo & bit)
+            else:
+                trial = v | bit
+                v = tl.where(tl.sum((keys >= trial).to(tl.int32), 0) >= k, trial, v)
     return v
+
+
+@triton.jit
+def _add3(a0, b0, c0, a1, b1, c1):
+    return a0 + a1, b0 + b1, c0 + c1
 
 
 @triton.jit
@@ -121,6 +149,7 @@ def _threshold(
     LEVELS: tl.constexpr,
     BITS: tl.constexpr,
     LIST: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     start = tl.load(starts_ptr + row)
@@ -134,7 +163,7 @@ def _threshold(
         seg_max = tl.load(max_ptr + row * M + seg).to(tl.uint32, bitcast=True)
         seg_max = tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max))
         lo = tl.zeros((), tl.uint32)
-        t = _kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
+        t = _kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, PAIRS)
         tl.store(thresh_ptr + row, t.to(tl.int32, bitcast=True))
         if LIST:
             live = (seg < nseg) & (seg_max >= t)
@@ -274,7 +303,16 @@ def _nth_smallest(idx, chosen, n, IDX_BITS: tl.constexpr):
 
 @triton.jit
 def _select_tile(
-    key_row, idx_row, out_row, n, k, t, start, TILE: tl.constexpr, IDX_BITS: tl.constexpr
+    key_row,
+    idx_row,
+    out_row,
+    n,
+    k,
+    t,
+    start,
+    TILE: tl.constexpr,
+    IDX_BITS: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
     """The k best of n <= TILE candidates, all in registers."""
     lane = tl.arange(0, TILE)
@@ -284,7 +322,7 @@ def _select_tile(
     key = tl.load(key_row + lane).to(tl.uint32, bitcast=True)
     key = tl.where(valid, key, tl.zeros_like(key))
     idx = tl.load(idx_row + lane)
-    kth = _kth_largest(key, k, t, tl.max(key, 0), 32)
+    kth = _kth_largest(key, k, t, tl.max(key, 0), 32, PAIRS)
     above = key > kth
     tie = key == kth
     need = k - tl.sum(above.to(tl.int32), 0)
@@ -313,6 +351,7 @@ def _select(
     IDX_BITS: tl.constexpr,
     BLOCK: tl.constexpr,
     K_BLOCK: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     start = tl.load(starts_ptr + row)
@@ -330,9 +369,9 @@ def _select(
         idx_row = cand_idx_ptr + row * CAP
         # Half a tile when the candidates fit: the search's work is per lane, used or not.
         if n <= CAP // 2:
-            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS)
+            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS, PAIRS)
         elif n <= CAP:
-            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS)
+            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS)
         else:
             radix_select_row(logits_ptr + row * row_stride, out_row, start, end, L, k, t, BLOCK)
 
@@ -361,6 +400,9 @@ class ThresholdTiles:
     # Compact over the live segments' columns (a list _threshold writes) instead of scanning
     # every column: fewer, fuller tiles. Not yet timed on a GPU; in SWEEP_GRID.
     by_segment: bool = False
+    # Search the k-th key two bits a round (three counts per reduction) instead of one: half
+    # the reductions in _threshold and _select. Not yet timed on a GPU; in SWEEP_GRID.
+    search_pairs: bool = False
     num_warps: int = 8  # _segment_max, _compact
     select_warps: int = 8  # _threshold, _select (one program per row)
     threshold_bits: int = 16  # top bits of T searched; fewer: a coarser (lower) T
@@ -384,6 +426,8 @@ SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
         {"by_segment": True},
         {"by_segment": True, "compact_block": 4096, "chunks": 4},
         {"by_segment": True, "compact_block": 2048},
+        {"search_pairs": True},
+        {"search_pairs": True, "by_segment": True},
         {"num_warps": 4},
         {"num_warps": 16},
         {"select_warps": 16},
@@ -400,6 +444,11 @@ def _run(
     k: int,
     tiles: ThresholdTiles,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [R, k] int32, candidates [R] int32
+    if tiles.search_pairs and tiles.threshold_bits % 2:
+        raise ValueError(
+            f"ThresholdTiles: search_pairs searches two bits a round; threshold_bits must be "
+            f"even, got {tiles.threshold_bits}"
+        )
     R, L = logits.shape
     device = logits.device
     out = torch.empty((R, k), dtype=torch.int32, device=device)
@@ -442,7 +491,7 @@ def _run(
         nlive = torch.empty(R, dtype=torch.int32, device=device)
     _threshold[(R,)](
         *rows, seg_max, thresh, counts, live, nlive, k, M, levels, tiles.threshold_bits,
-        tiles.by_segment, num_warps=select_warps,
+        tiles.by_segment, tiles.search_pairs, num_warps=select_warps,
     )  # fmt: skip
     if tiles.by_segment:
         _compact_live[(R, max(1, min(chunks, cdiv(width, block))))](
@@ -456,7 +505,8 @@ def _run(
         )  # fmt: skip
     _select[(R,)](
         logits, *rows, thresh, counts, cand[0], cand[1], out, stride, L, k,
-        cap, max(1, (L - 1).bit_length()), block, min(pow2(k), 4096), num_warps=select_warps,
+        cap, max(1, (L - 1).bit_length()), block, min(pow2(k), 4096), tiles.search_pairs,
+        num_warps=select_warps,
     )  # fmt: skip
     return out, counts
 
