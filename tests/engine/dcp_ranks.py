@@ -105,7 +105,7 @@ def _rank_major_merge(comm: Communicator):
     top-k of them laid out rank after rank, so equal scores go to the lower rank first instead
     of to the smaller token position."""
 
-    def select(ops, logits, context_lens, k):
+    def select(ops, logits, context_lens, k, starts=None):
         gathered = comm.all_gather(logits)  # [W, R, L_local]
         world, rows, width = gathered.shape
         flat = gathered.permute(1, 0, 2).reshape(rows, world * width)

@@ -91,9 +91,12 @@ class ContextShard:
         logits: torch.Tensor,  # [B, L_local] float32 indexer scores of this rank's tokens
         context_lens: torch.Tensor,  # [B] int32, each row's tokens (global)
         k: int,
+        starts: torch.Tensor | None = None,  # [B] int32 zeros, when the caller keeps them
     ) -> torch.Tensor:  # [B, k] int32 local positions of this rank's share of the top-k, -1 pad
         """The global top-k of each row, as the local positions this rank holds."""
-        return ops["indexer.topk"](logits, torch.zeros_like(context_lens), context_lens, k)
+        if starts is None:
+            starts = torch.zeros_like(context_lens)
+        return ops["indexer.topk"](logits, starts, context_lens, k)
 
     def combine(
         self,
@@ -128,7 +131,12 @@ class TokenShardedContext(ContextShard):
         return local.clamp(min=0).to(context_lens.dtype), -(-max_context // self.world)
 
     def select(
-        self, ops: OpTable, logits: torch.Tensor, context_lens: torch.Tensor, k: int
+        self,
+        ops: OpTable,
+        logits: torch.Tensor,
+        context_lens: torch.Tensor,
+        k: int,
+        starts: torch.Tensor | None = None,  # unused: every rank's window starts at 0
     ) -> torch.Tensor:
         # exactly the set the reference indexer.topk selects on the whole row (a platform's
         # topk may break exact ties otherwise; conformance compares its sets with the reference)

@@ -25,6 +25,7 @@ what it is batched with (the op impls promise the same through their own batch i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -61,6 +62,11 @@ class DecodeRows:
     block_table: torch.Tensor  # [B, max_blocks] int32, -1 past each request's blocks
     context_lens: torch.Tensor  # [B] int32, cached tokens including this one
     max_context: int
+
+    @functools.cached_property
+    def window_starts(self) -> torch.Tensor:  # [B] int32 zeros: indexer.topk's window starts
+        """Made once a step, not once a layer (a kernel launch each)."""
+        return torch.zeros_like(self.context_lens)
 
 
 @dataclass(frozen=True, eq=False)
@@ -270,7 +276,9 @@ class DeepseekV32:
             local_lens.unsqueeze(1),
             local_max,
         )
-        positions = self.context.select(self.ops, logits, d.context_lens, self.config.index_topk)
+        positions = self.context.select(
+            self.ops, logits, d.context_lens, self.config.index_topk, starts=d.window_starts
+        )
         slots = self.ops["indexer.to_slots"](positions, d.block_table, self.layout.block_size)
         out, lse = self.ops["sparse_mla.decode"](
             q_mla.view(batch, 1, *q_mla.shape[1:]),

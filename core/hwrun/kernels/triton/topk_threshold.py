@@ -56,6 +56,16 @@ def _row_level(start, end, M: tl.constexpr, LEVELS: tl.constexpr):
 
 
 @triton.jit
+def _window(starts_ptr, ends_ptr, row, L):
+    """Row ``row``'s window ``[start, end)`` clamped to ``[0, L]`` (``end >= start``): done here,
+    not by the host, which took four small torch kernels per call (a decode step calls this op
+    once per layer)."""
+    start = tl.minimum(tl.maximum(tl.load(starts_ptr + row), 0), L)
+    end = tl.maximum(tl.minimum(tl.maximum(tl.load(ends_ptr + row), 0), L), start)
+    return start, end
+
+
+@triton.jit
 def _kth_largest(keys, k, lo, hi, BITS: tl.constexpr, PAIRS: tl.constexpr):
     """The largest v (zero below its top BITS bits) with at least k keys >= v, given
     lo <= v <= hi: the bits above lo's and hi's first difference are copied, not searched.
@@ -114,8 +124,7 @@ def _segment_max(
 ):
     row = tl.program_id(0).to(tl.int64)
     lo = tl.program_id(1) * BLOCK
-    start = tl.load(starts_ptr + row)
-    end = tl.load(ends_ptr + row)
+    start, end = _window(starts_ptr, ends_ptr, row, L)
     if (end - start > k) & (lo < end) & (lo + BLOCK > start):
         level = _row_level(start, end, M, LEVELS)
         idx = lo + tl.arange(0, BLOCK)
@@ -144,6 +153,7 @@ def _threshold(
     count_ptr,  # [R] int32: zeroed here for _compact
     live_ptr,  # [R, M] int32: with LIST, the segments whose maximum reaches T, in order
     nlive_ptr,  # [R] int32: with LIST, how many
+    L,
     k,
     M: tl.constexpr,
     LEVELS: tl.constexpr,
@@ -152,8 +162,7 @@ def _threshold(
     PAIRS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    start = tl.load(starts_ptr + row)
-    end = tl.load(ends_ptr + row)
+    start, end = _window(starts_ptr, ends_ptr, row, L)
     tl.store(count_ptr + row, 0)
     if end - start > k:
         level = _row_level(start, end, M, LEVELS)
@@ -193,8 +202,7 @@ def _compact(
 ):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
-    start = tl.load(starts_ptr + row)
-    end = tl.load(ends_ptr + row)
+    start, end = _window(starts_ptr, ends_ptr, row, L)
     if end - start > k:
         level = _row_level(start, end, M, LEVELS)
         first_seg = start >> level
@@ -240,6 +248,7 @@ def _compact_live(
     cand_key_ptr,  # [R, CAP] int32
     cand_idx_ptr,  # [R, CAP] int32
     row_stride,
+    L,
     k,
     M: tl.constexpr,
     LEVELS: tl.constexpr,
@@ -253,8 +262,7 @@ def _compact_live(
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     parts = tl.num_programs(1)
-    start = tl.load(starts_ptr + row)
-    end = tl.load(ends_ptr + row)
+    start, end = _window(starts_ptr, ends_ptr, row, L)
     if end - start > k:
         level = _row_level(start, end, M, LEVELS)
         first = (start >> level) << level  # segment 0's first column
@@ -354,8 +362,7 @@ def _select(
     PAIRS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    start = tl.load(starts_ptr + row)
-    end = tl.load(ends_ptr + row)
+    start, end = _window(starts_ptr, ends_ptr, row, L)
     out_row = out_ptr + row * k
     if end - start <= k:
         # Short row: every position, in order, then -1 padding (the reference's rule).
@@ -455,8 +462,6 @@ def _run(
     counts = torch.empty(R, dtype=torch.int32, device=device)  # zeroed by _threshold
     if R == 0:
         return out, counts
-    starts_c = starts.to(torch.int32).clamp(0, L)
-    ends_c = torch.maximum(ends.to(torch.int32).clamp(0, L), starts_c)
     pow2, cdiv = triton.next_power_of_2, triton.cdiv
     width = max(L, 1)
     # At least 4k segments: a window's level then leaves it more than 2k (k/m < 1/2, at most
@@ -477,7 +482,7 @@ def _run(
     seg_max = torch.empty((R, M), dtype=torch.int32, device=device)
     thresh = torch.empty(R, dtype=torch.int32, device=device)
     cand = torch.empty((2, R, cap), dtype=torch.int32, device=device)
-    rows = (starts_c, ends_c)
+    rows = (starts.to(torch.int32), ends.to(torch.int32))  # clamped in the kernels
     stride = logits.stride(0)
     warps, select_warps = tiles.num_warps, tiles.select_warps
     prepare_launch()
@@ -490,13 +495,13 @@ def _run(
         live = torch.empty((R, M), dtype=torch.int32, device=device)
         nlive = torch.empty(R, dtype=torch.int32, device=device)
     _threshold[(R,)](
-        *rows, seg_max, thresh, counts, live, nlive, k, M, levels, tiles.threshold_bits,
+        *rows, seg_max, thresh, counts, live, nlive, L, k, M, levels, tiles.threshold_bits,
         tiles.by_segment, tiles.search_pairs, num_warps=select_warps,
     )  # fmt: skip
     if tiles.by_segment:
         _compact_live[(R, max(1, min(chunks, cdiv(width, block))))](
-            logits, *rows, live, nlive, thresh, counts, cand[0], cand[1], stride, k, M, levels,
-            cap, block, num_warps=warps,
+            logits, *rows, live, nlive, thresh, counts, cand[0], cand[1], stride, L, k, M,
+            levels, cap, block, num_warps=warps,
         )  # fmt: skip
     else:
         _compact[(R, cdiv(width, chunk))](
