@@ -223,17 +223,22 @@ def _compact(
             x_next = tl.load(row_ptr + idx + BLOCK, mask=live_next, other=0.0)
             maxima_next = _segment_maxima(max_row, idx + 2 * BLOCK, level, start, hi)
             key = _sortable_key(x)
-            cand = live & (key >= t)
-            n = tl.sum(cand.to(tl.int32), 0)
-            if n > 0:
-                # One atomic per tile; ranks inside the tile by a scan.
-                base = tl.atomic_add(count_ptr + row, n, sem="relaxed")
-                slot = base + tl.cumsum(cand.to(tl.int32), 0) - 1
-                keep = cand & (slot < CAP)
-                tl.store(cand_key_ptr + row * CAP + slot, key.to(tl.int32, bitcast=True), keep)
-                tl.store(cand_idx_ptr + row * CAP + slot, idx, keep)
+            _append(live & (key >= t), key, idx, row, count_ptr, cand_key_ptr, cand_idx_ptr, CAP)
             idx += BLOCK
             x, live = x_next, live_next
+
+
+@triton.jit
+def _append(cand, key, idx, row, count_ptr, cand_key_ptr, cand_idx_ptr, CAP: tl.constexpr):
+    """The tile's candidates (``cand``) appended to the row's buffer: one atomic per tile, ranks
+    inside the tile by a scan; past CAP only counted (the row then takes the slow path)."""
+    n = tl.sum(cand.to(tl.int32), 0)
+    if n > 0:
+        base = tl.atomic_add(count_ptr + row, n, sem="relaxed")
+        slot = base + tl.cumsum(cand.to(tl.int32), 0) - 1
+        keep = cand & (slot < CAP)
+        tl.store(cand_key_ptr + row * CAP + slot, key.to(tl.int32, bitcast=True), keep)
+        tl.store(cand_idx_ptr + row * CAP + slot, idx, keep)
 
 
 @triton.jit
@@ -276,14 +281,7 @@ def _compact_live(
             col = first + (seg << level) + (q & within)
             live = (q < total) & (col >= start) & (col < end)
             key = _sortable_key(tl.load(row_ptr + col, mask=live, other=0.0))
-            cand = live & (key >= t)
-            n = tl.sum(cand.to(tl.int32), 0)
-            if n > 0:
-                base = tl.atomic_add(count_ptr + row, n, sem="relaxed")
-                slot = base + tl.cumsum(cand.to(tl.int32), 0) - 1
-                keep = cand & (slot < CAP)
-                tl.store(cand_key_ptr + row * CAP + slot, key.to(tl.int32, bitcast=True), keep)
-                tl.store(cand_idx_ptr + row * CAP + slot, col, keep)
+            _append(live & (key >= t), key, col, row, count_ptr, cand_key_ptr, cand_idx_ptr, CAP)
 
 
 @triton.jit
