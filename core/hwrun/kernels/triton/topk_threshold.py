@@ -77,8 +77,9 @@ def _kth_largest(keys, k, lo, hi, BITS: tl.constexpr, PAIRS: tl.constexpr):
         tl.static_assert(BITS % 2 == 0, "two bits a round need an even BITS")
         for i in tl.static_range(BITS // 2):
             shift: tl.constexpr = 30 - 2 * i
+            # uint32 masks (an untyped 3 << 30 would not fit an int32 and widen v to int64)
             if (diff >> shift) == 0:
-                v = v | (lo & (3 << shift))
+                v = v | (lo & (tl.full((), 3, tl.uint32) << shift))
             else:
                 t1 = v | (tl.full((), 1, tl.uint32) << shift)
                 t2 = v | (tl.full((), 2, tl.uint32) << shift)
