@@ -16,10 +16,11 @@ exact selection runs over a few thousand candidates held in registers.
    also lists the segments whose maximum reaches T and ``_compact_live`` reads only their
    columns, as flat tiles of that list (on the H200, ``_compact`` at 64 x 131072 took 52 us a
    layer, 4x a full read of the rows: a scan and an atomic in each of 128 tiles a row).
-4. ``_select`` (one program per row): the exact k-th key among the candidates by a bitwise
-   search in registers; ties at it go by smallest index. A row with more than ``CAP``
-   candidates (heavy ties, scores clustered in whole segments) takes an exact slow path in the
-   same program: 8-bit radix histograms over its window, then one ordered sweep.
+4. ``select_candidates`` (topk_select.py; one program per row): the exact k-th key among the
+   candidates by a bitwise search in registers; ties at it go by smallest index. A row with
+   more than ``CAP`` candidates (heavy ties, scores clustered in whole segments) takes an exact
+   slow path in the same program: 8-bit radix histograms over its window, then one ordered
+   sweep.
 
 With m segments and independent scores a row has about -m ln(1 - k/m) candidates (2357 for
 m = 8192, k = 2048; under 1.39k while m > 2k). Nothing waits on the host and allocations depend
@@ -37,8 +38,9 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.interpreter import prepare_launch
-from hwrun.kernels.triton.topk import _sortable_key, checked_args, radix_select_row
+from hwrun.kernels.triton.topk import _sortable_key, checked_args
 from hwrun.kernels.triton.topk import topk as radix_topk
+from hwrun.kernels.triton.topk_select import kth_largest, select_candidates, window
 
 # k above this goes to the radix kernel: M >= 4k segment maxima and the candidate tile live in
 # registers of one program, 8192 keys (+ indices) at 8 warps being 32 (+ 32) registers a thread.
@@ -56,61 +58,6 @@ def _row_level(start, end, M: tl.constexpr, LEVELS: tl.constexpr):
 
 
 @triton.jit
-def _window(starts_ptr, ends_ptr, row, L):
-    """Row ``row``'s window ``[start, end)`` clamped to ``[0, L]`` (``end >= start``): done here,
-    not by the host, which took four small torch kernels per call (a decode step calls this op
-    once per layer)."""
-    start = tl.minimum(tl.maximum(tl.load(starts_ptr + row), 0), L)
-    end = tl.maximum(tl.minimum(tl.maximum(tl.load(ends_ptr + row), 0), L), start)
-    return start, end
-
-
-@triton.jit
-def _kth_largest(keys, k, lo, hi, BITS: tl.constexpr, PAIRS: tl.constexpr):
-    """The largest v (zero below its top BITS bits) with at least k keys >= v, given
-    lo <= v <= hi: the bits above lo's and hi's first difference are copied, not searched.
-    With PAIRS, two bits a round: three counts in one reduction (half the rounds, each of
-    whose cost is mostly the reduction's latency across warps), else one bit a round."""
-    diff = lo ^ hi
-    v = tl.zeros((), tl.uint32)
-    if PAIRS:
-        tl.static_assert(BITS % 2 == 0, "two bits a round need an even BITS")
-        for i in tl.static_range(BITS // 2):
-            shift: tl.constexpr = 30 - 2 * i
-            # uint32 masks (an untyped 3 << 30 would not fit an int32 and widen v to int64)
-            if (diff >> shift) == 0:
-                v = v | (lo & (tl.full((), 3, tl.uint32) << shift))
-            else:
-                t1 = v | (tl.full((), 1, tl.uint32) << shift)
-                t2 = v | (tl.full((), 2, tl.uint32) << shift)
-                t3 = v | (tl.full((), 3, tl.uint32) << shift)
-                c1, c2, c3 = tl.reduce(
-                    (
-                        (keys >= t1).to(tl.int32),
-                        (keys >= t2).to(tl.int32),
-                        (keys >= t3).to(tl.int32),
-                    ),
-                    0,
-                    _add3,
-                )
-                v = tl.where(c3 >= k, t3, tl.where(c2 >= k, t2, tl.where(c1 >= k, t1, v)))
-    else:
-        for i in tl.static_range(BITS):
-            bit = tl.full((), 1, tl.uint32) << (31 - i)
-            if (diff >> (31 - i)) == 0:
-                v = v | (lo & bit)
-            else:
-                trial = v | bit
-                v = tl.where(tl.sum((keys >= trial).to(tl.int32), 0) >= k, trial, v)
-    return v
-
-
-@triton.jit
-def _add3(a0, b0, c0, a1, b1, c1):
-    return a0 + a1, b0 + b1, c0 + c1
-
-
-@triton.jit
 def _segment_max(
     logits_ptr,  # [R, L] float32
     starts_ptr,  # [R] int32
@@ -125,7 +72,7 @@ def _segment_max(
 ):
     row = tl.program_id(0).to(tl.int64)
     lo = tl.program_id(1) * BLOCK
-    start, end = _window(starts_ptr, ends_ptr, row, L)
+    start, end = window(starts_ptr, ends_ptr, row, L)
     if (end - start > k) & (lo < end) & (lo + BLOCK > start):
         level = _row_level(start, end, M, LEVELS)
         idx = lo + tl.arange(0, BLOCK)
@@ -163,7 +110,7 @@ def _threshold(
     PAIRS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    start, end = _window(starts_ptr, ends_ptr, row, L)
+    start, end = window(starts_ptr, ends_ptr, row, L)
     tl.store(count_ptr + row, 0)
     if end - start > k:
         level = _row_level(start, end, M, LEVELS)
@@ -173,7 +120,7 @@ def _threshold(
         seg_max = tl.load(max_ptr + row * M + seg).to(tl.uint32, bitcast=True)
         seg_max = tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max))
         lo = tl.zeros((), tl.uint32)
-        t = _kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, PAIRS)
+        t = kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, PAIRS)
         tl.store(thresh_ptr + row, t.to(tl.int32, bitcast=True))
         if LIST:
             live = (seg < nseg) & (seg_max >= t)
@@ -203,7 +150,7 @@ def _compact(
 ):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
-    start, end = _window(starts_ptr, ends_ptr, row, L)
+    start, end = window(starts_ptr, ends_ptr, row, L)
     if end - start > k:
         level = _row_level(start, end, M, LEVELS)
         first_seg = start >> level
@@ -268,7 +215,7 @@ def _compact_live(
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     parts = tl.num_programs(1)
-    start, end = _window(starts_ptr, ends_ptr, row, L)
+    start, end = window(starts_ptr, ends_ptr, row, L)
     if end - start > k:
         level = _row_level(start, end, M, LEVELS)
         first = (start >> level) << level  # segment 0's first column
@@ -297,91 +244,6 @@ def _segment_maxima(max_row, idx, level, start, hi):
     return seg_max.to(tl.uint32, bitcast=True)
 
 
-@triton.jit
-def _nth_smallest(idx, chosen, n, IDX_BITS: tl.constexpr):
-    """The n-th smallest of the distinct ``idx`` where ``chosen`` (1 <= n <= their count)."""
-    v = tl.zeros((), tl.int32)
-    for i in tl.static_range(IDX_BITS):
-        trial = v | (1 << (IDX_BITS - 1 - i))
-        below = tl.sum((chosen & (idx < trial)).to(tl.int32), 0)
-        v = tl.where(below < n, trial, v)
-    return v
-
-
-@triton.jit
-def _select_tile(
-    key_row,
-    idx_row,
-    out_row,
-    n,
-    k,
-    t,
-    start,
-    TILE: tl.constexpr,
-    IDX_BITS: tl.constexpr,
-    PAIRS: tl.constexpr,
-):
-    """The k best of n <= TILE candidates, all in registers."""
-    lane = tl.arange(0, TILE)
-    valid = lane < n
-    # Unmasked (vector) loads of the allocated [CAP] row; empty lanes get key 0, below every
-    # real key (the key of -inf is 0x007FFFFF).
-    key = tl.load(key_row + lane).to(tl.uint32, bitcast=True)
-    key = tl.where(valid, key, tl.zeros_like(key))
-    idx = tl.load(idx_row + lane)
-    kth = _kth_largest(key, k, t, tl.max(key, 0), 32, PAIRS)
-    above = key > kth
-    tie = key == kth
-    need = k - tl.sum(above.to(tl.int32), 0)
-    cut = tl.full((), 0x7FFFFFFF, tl.int32)  # every tie
-    if tl.sum(tie.to(tl.int32), 0) > need:
-        cut = _nth_smallest(idx, tie, need, IDX_BITS)
-    take = above | (tie & (idx <= cut))
-    slot = tl.cumsum(take.to(tl.int32), 0) - 1
-    tl.store(out_row + slot, idx - start, mask=take)
-
-
-@triton.jit
-def _select(
-    logits_ptr,  # [R, L] float32
-    starts_ptr,  # [R] int32
-    ends_ptr,  # [R] int32
-    thresh_ptr,  # [R] int32
-    count_ptr,  # [R] int32
-    cand_key_ptr,  # [R, CAP] int32
-    cand_idx_ptr,  # [R, CAP] int32
-    out_ptr,  # [R, k] int32
-    row_stride,
-    L,
-    k,
-    CAP: tl.constexpr,
-    IDX_BITS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    K_BLOCK: tl.constexpr,
-    PAIRS: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    start, end = _window(starts_ptr, ends_ptr, row, L)
-    out_row = out_ptr + row * k
-    if end - start <= k:
-        # Short row: every position, in order, then -1 padding (the reference's rule).
-        for o in range(0, k, K_BLOCK):
-            ko = o + tl.arange(0, K_BLOCK)
-            tl.store(out_row + ko, tl.where(ko < end - start, ko, -1), mask=ko < k)
-    else:
-        n = tl.load(count_ptr + row)
-        t = tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True)
-        key_row = cand_key_ptr + row * CAP
-        idx_row = cand_idx_ptr + row * CAP
-        # Half a tile when the candidates fit: the search's work is per lane, used or not.
-        if n <= CAP // 2:
-            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS, PAIRS)
-        elif n <= CAP:
-            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS)
-        else:
-            radix_select_row(logits_ptr + row * row_stride, out_row, start, end, L, k, t, BLOCK)
-
-
 def _levels(length: int, segments: int) -> int:
     """Levels 0 .. LEVELS-1, the last one leaving at most ``segments`` over a whole row."""
     level = 0
@@ -393,7 +255,7 @@ def _levels(length: int, segments: int) -> int:
 @dataclass(frozen=True)
 class ThresholdTiles:
     """Launch parameters. The defaults: 8 warps hold an 8192-key register tile in 32 registers
-    a thread (_threshold, _select); 4096-column tiles give 16-byte loads, 4 per thread, in
+    a thread (_threshold, select_candidates); 4096-column tiles give 16-byte loads, 4 per thread, in
     _segment_max; _compact takes 1024-column tiles (the H200 sweep of bench/topk_gpu.py: at
     64 x 32768 41.4 us against 51.8 us with 2048, at 64 x 131072 87.9 against 116.1; rows of
     one and eight were not swept); ~8 compaction programs per SM."""
@@ -407,10 +269,10 @@ class ThresholdTiles:
     # every column: fewer, fuller tiles. Not yet timed on a GPU; in SWEEP_GRID.
     by_segment: bool = False
     # Search the k-th key two bits a round (three counts per reduction) instead of one: half
-    # the reductions in _threshold and _select. Not yet timed on a GPU; in SWEEP_GRID.
+    # the reductions in _threshold and select_candidates. Not yet timed on a GPU; in SWEEP_GRID.
     search_pairs: bool = False
     num_warps: int = 8  # _segment_max, _compact
-    select_warps: int = 8  # _threshold, _select (one program per row)
+    select_warps: int = 8  # _threshold, select_candidates (one program per row)
     threshold_bits: int = 16  # top bits of T searched; fewer: a coarser (lower) T
 
 
@@ -507,7 +369,7 @@ def _run(
             logits, *rows, seg_max, thresh, counts, cand[0], cand[1], stride, L, k, chunk,
             M, levels, cap, block, num_warps=warps,
         )  # fmt: skip
-    _select[(R,)](
+    select_candidates[(R,)](
         logits, *rows, thresh, counts, cand[0], cand[1], out, stride, L, k,
         cap, max(1, (L - 1).bit_length()), block, min(pow2(k), 4096), tiles.search_pairs,
         num_warps=select_warps,

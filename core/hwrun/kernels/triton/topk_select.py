@@ -1,0 +1,152 @@
+"""indexer.topk's exact selection (topk_threshold.py's passes 2 and 4): a row's clamped window,
+the search for the k-th largest key over keys held in registers, and the select program that
+picks a row's k best among its candidates (ties at the k-th key by smallest index), or hands a
+row whose candidates overflowed to the radix kernel's exact per-row path.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from hwrun.kernels.triton.topk import radix_select_row
+
+
+@triton.jit
+def window(starts_ptr, ends_ptr, row, L):
+    """Row ``row``'s window ``[start, end)`` clamped to ``[0, L]`` (``end >= start``): done here,
+    not by the host, which took four small torch kernels per call (a decode step calls this op
+    once per layer)."""
+    start = tl.minimum(tl.maximum(tl.load(starts_ptr + row), 0), L)
+    end = tl.maximum(tl.minimum(tl.maximum(tl.load(ends_ptr + row), 0), L), start)
+    return start, end
+
+
+@triton.jit
+def kth_largest(keys, k, lo, hi, BITS: tl.constexpr, PAIRS: tl.constexpr):
+    """The largest v (zero below its top BITS bits) with at least k keys >= v, given
+    lo <= v <= hi: the bits above lo's and hi's first difference are copied, not searched.
+    With PAIRS, two bits a round: three counts in one reduction (half the rounds, each of
+    whose cost is mostly the reduction's latency across warps), else one bit a round."""
+    diff = lo ^ hi
+    v = tl.zeros((), tl.uint32)
+    if PAIRS:
+        tl.static_assert(BITS % 2 == 0, "two bits a round need an even BITS")
+        for i in tl.static_range(BITS // 2):
+            shift: tl.constexpr = 30 - 2 * i
+            # uint32 masks (an untyped 3 << 30 would not fit an int32 and widen v to int64)
+            if (diff >> shift) == 0:
+                v = v | (lo & (tl.full((), 3, tl.uint32) << shift))
+            else:
+                t1 = v | (tl.full((), 1, tl.uint32) << shift)
+                t2 = v | (tl.full((), 2, tl.uint32) << shift)
+                t3 = v | (tl.full((), 3, tl.uint32) << shift)
+                c1, c2, c3 = tl.reduce(
+                    (
+                        (keys >= t1).to(tl.int32),
+                        (keys >= t2).to(tl.int32),
+                        (keys >= t3).to(tl.int32),
+                    ),
+                    0,
+                    _add3,
+                )
+                v = tl.where(c3 >= k, t3, tl.where(c2 >= k, t2, tl.where(c1 >= k, t1, v)))
+    else:
+        for i in tl.static_range(BITS):
+            bit = tl.full((), 1, tl.uint32) << (31 - i)
+            if (diff >> (31 - i)) == 0:
+                v = v | (lo & bit)
+            else:
+                trial = v | bit
+                v = tl.where(tl.sum((keys >= trial).to(tl.int32), 0) >= k, trial, v)
+    return v
+
+
+@triton.jit
+def _add3(a0, b0, c0, a1, b1, c1):
+    return a0 + a1, b0 + b1, c0 + c1
+
+
+@triton.jit
+def _nth_smallest(idx, chosen, n, IDX_BITS: tl.constexpr):
+    """The n-th smallest of the distinct ``idx`` where ``chosen`` (1 <= n <= their count)."""
+    v = tl.zeros((), tl.int32)
+    for i in tl.static_range(IDX_BITS):
+        trial = v | (1 << (IDX_BITS - 1 - i))
+        below = tl.sum((chosen & (idx < trial)).to(tl.int32), 0)
+        v = tl.where(below < n, trial, v)
+    return v
+
+
+@triton.jit
+def _select_tile(
+    key_row,
+    idx_row,
+    out_row,
+    n,
+    k,
+    t,
+    start,
+    TILE: tl.constexpr,
+    IDX_BITS: tl.constexpr,
+    PAIRS: tl.constexpr,
+):
+    """The k best of n <= TILE candidates, all in registers."""
+    lane = tl.arange(0, TILE)
+    valid = lane < n
+    # Unmasked (vector) loads of the allocated [CAP] row; empty lanes get key 0, below every
+    # real key (the key of -inf is 0x007FFFFF).
+    key = tl.load(key_row + lane).to(tl.uint32, bitcast=True)
+    key = tl.where(valid, key, tl.zeros_like(key))
+    idx = tl.load(idx_row + lane)
+    kth = kth_largest(key, k, t, tl.max(key, 0), 32, PAIRS)
+    above = key > kth
+    tie = key == kth
+    need = k - tl.sum(above.to(tl.int32), 0)
+    cut = tl.full((), 0x7FFFFFFF, tl.int32)  # every tie
+    if tl.sum(tie.to(tl.int32), 0) > need:
+        cut = _nth_smallest(idx, tie, need, IDX_BITS)
+    take = above | (tie & (idx <= cut))
+    slot = tl.cumsum(take.to(tl.int32), 0) - 1
+    tl.store(out_row + slot, idx - start, mask=take)
+
+
+@triton.jit
+def select_candidates(
+    logits_ptr,  # [R, L] float32
+    starts_ptr,  # [R] int32
+    ends_ptr,  # [R] int32
+    thresh_ptr,  # [R] int32
+    count_ptr,  # [R] int32
+    cand_key_ptr,  # [R, CAP] int32
+    cand_idx_ptr,  # [R, CAP] int32
+    out_ptr,  # [R, k] int32
+    row_stride,
+    L,
+    k,
+    CAP: tl.constexpr,
+    IDX_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    PAIRS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    start, end = window(starts_ptr, ends_ptr, row, L)
+    out_row = out_ptr + row * k
+    if end - start <= k:
+        # Short row: every position, in order, then -1 padding (the reference's rule).
+        for o in range(0, k, K_BLOCK):
+            ko = o + tl.arange(0, K_BLOCK)
+            tl.store(out_row + ko, tl.where(ko < end - start, ko, -1), mask=ko < k)
+    else:
+        n = tl.load(count_ptr + row)
+        t = tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True)
+        key_row = cand_key_ptr + row * CAP
+        idx_row = cand_idx_ptr + row * CAP
+        # Half a tile when the candidates fit: the search's work is per lane, used or not.
+        if n <= CAP // 2:
+            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS, PAIRS)
+        elif n <= CAP:
+            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS)
+        else:
+            radix_select_row(logits_ptr + row * row_stride, out_row, start, end, L, k, t, BLOCK)
