@@ -61,26 +61,26 @@ class EngineConfig:
     def problems(self) -> list[str]:
         """Every reason these options cannot run, each saying what to change."""
         reasons = []
-        if self.kv_cache_dtype not in LATENT_DTYPES:
-            reasons.append(
-                f"--kv-cache-dtype {self.kv_cache_dtype!r} is not a latent format; "
-                f"choose one of {', '.join(LATENT_DTYPES)}"
-            )
-        if self.index_dtype not in INDEX_DTYPES:
-            reasons.append(
-                f"--index-dtype {self.index_dtype!r} is not an index-key format; "
-                f"choose one of {', '.join(INDEX_DTYPES)}"
-            )
-        if self.index_query_dtype not in INDEX_QUERY_DTYPES:
-            reasons.append(
-                f"--index-query-dtype {self.index_query_dtype!r} is not an indexer query dtype; "
-                f"choose one of {', '.join(INDEX_QUERY_DTYPES)}"
-            )
-        if self.linear_activation_dtype not in LINEAR_ACTIVATION_DTYPES:
-            reasons.append(
-                f"--linear-activation-dtype {self.linear_activation_dtype!r} is not a linear "
-                f"activation dtype; choose one of {', '.join(LINEAR_ACTIVATION_DTYPES)}"
-            )
+        for flag, value, choices, what in (
+            ("--kv-cache-dtype", self.kv_cache_dtype, LATENT_DTYPES, "a latent format"),
+            ("--index-dtype", self.index_dtype, INDEX_DTYPES, "an index-key format"),
+            (
+                "--index-query-dtype",
+                self.index_query_dtype,
+                INDEX_QUERY_DTYPES,
+                "an indexer query dtype",
+            ),
+            (
+                "--linear-activation-dtype",
+                self.linear_activation_dtype,
+                LINEAR_ACTIVATION_DTYPES,
+                "a linear activation dtype",
+            ),
+        ):
+            if value not in choices:
+                reasons.append(
+                    f"{flag} {value!r} is not {what}; choose one of {', '.join(choices)}"
+                )
         for name in ("max_num_seqs", "max_num_batched_tokens", "cpu_threads"):
             if getattr(self, name) < 1:
                 reasons.append(f"--{name.replace('_', '-')} must be >= 1")
