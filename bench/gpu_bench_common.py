@@ -131,11 +131,23 @@ def card_line(ceil: Ceilings) -> str:
     )
 
 
+def start_run() -> tuple[Ceilings, str]:
+    """A GPU bench's start: the seed, the card's ceilings measured now, and the card line
+    (printed, and returned for the tables)."""
+    torch.manual_seed(0)
+    ceil = measure_ceilings()
+    head = card_line(ceil)
+    print(head, flush=True)
+    return ceil, head
+
+
 def write_results(
     out: str | None, stem: str, bench_name: str, head: str, rows: list[Row], log: list[str]
 ) -> None:
-    """``stem``.md (the card line and the table), ``stem``.log and ``stem``.json (for
-    ``hwrun report``) in the folder ``out``; nothing when ``out`` is None."""
+    """The run's log, card line and table printed; and ``stem``.md (the card line and the
+    table), ``stem``.log and ``stem``.json (for ``hwrun report``) in the folder ``out``, when
+    ``out`` is given."""
+    print("\n".join(log) + "\n\n" + head + "\n\n" + markdown(rows))
     if not out:
         return
     folder = pathlib.Path(out)

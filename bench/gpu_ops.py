@@ -23,11 +23,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from gpu_bench_common import (
     Row,
     bench,
-    card_line,
     index_cache,
     latent_cache,
     markdown,
-    measure_ceilings,
+    start_run,
     write_results,
 )
 
@@ -319,11 +318,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="directory for bench.md, bench.json, bench.log")
     parser.add_argument("--only", default="", help="comma list: indexer,topk,mla,small,ragged")
     args = parser.parse_args()
-    torch.manual_seed(0)
     only = set(filter(None, args.only.split(",")))
-    ceil = measure_ceilings()
-    head = card_line(ceil)
-    print(head, flush=True)
+    ceil, head = start_run()
     log: list[str] = []
     rows: list[Row] = []
     sections = (
@@ -341,7 +337,6 @@ def main() -> None:
         except Exception as exc:  # keep the other sections' numbers
             print(f"section {name} failed: {type(exc).__name__}: {exc}", flush=True)
         print(markdown(rows[-8:]), flush=True)
-    print("\n" + head + "\n\n" + markdown(rows))
     write_results(args.out, "bench", "gpu_ops", head, rows, log)
 
 

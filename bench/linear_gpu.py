@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from gpu_bench_common import Row, bench, card_line, markdown, measure_ceilings, write_results
+from gpu_bench_common import Row, bench, markdown, start_run, write_results
 
 from hwrun.kernels.triton import linear as tl_linear
 from hwrun.ops.quantized_weight import QuantizedWeight
@@ -194,15 +194,10 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="directory for linear.md / .json / .log")
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget_s
-    torch.manual_seed(0)
-    ceil = measure_ceilings()
-    head = card_line(ceil)
-    print(head, flush=True)
+    ceil, head = start_run()
     log: list[str] = []
     tokens = [int(t) for t in args.tokens.split(",")]
     rows = rows_for(ceil, args.shapes.split(","), tokens, args, log, deadline)
-    table = markdown(rows)
-    print("\n".join(log) + "\n\n" + head + "\n\n" + table)
     write_results(args.out, "linear", "linear_gpu", head, rows, log)
 
 

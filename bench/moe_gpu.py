@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from gpu_bench_common import Row, bench, card_line, markdown, measure_ceilings, write_results
+from gpu_bench_common import Row, bench, markdown, start_run, write_results
 
 from hwrun.kernels.triton import moe, moe_align
 from hwrun.ops.quantized_weight import QuantizedWeight
@@ -226,10 +226,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="directory for moe.md, moe.json, moe.log")
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget_s
-    torch.manual_seed(0)
-    ceil = measure_ceilings()
-    head = card_line(ceil)
-    print(head, flush=True)
+    ceil, head = start_run()
     log: list[str] = []
     tokens = [int(t) for t in args.tokens.split(",")]
     rows = moe_rows(ceil, tokens, args.tune, not args.no_peers, log, deadline, args.weights)
@@ -237,8 +234,6 @@ def main() -> None:
         rows.append(prefill_row(ceil))
     except Exception as exc:  # keep the MoE numbers
         print(f"prefill row failed: {type(exc).__name__}: {exc}", flush=True)
-    table = markdown(rows)
-    print("\n".join(log) + "\n\n" + head + "\n\n" + table)
     write_results(args.out, "moe", "moe_gpu", head, rows, log)
 
 

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(1, str(pathlib.Path(__file__).resolve().parent.parent))  # tests.kernels
 
-from gpu_bench_common import Row, bench, card_line, markdown, measure_ceilings, write_results
+from gpu_bench_common import Row, bench, markdown, start_run, write_results
 
 from hwrun.kernels.triton import topk as radix
 from hwrun.kernels.triton import topk_threshold as threshold
@@ -113,10 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     args.sweep_shapes = set(args.sweep_shapes.split(","))
     deadline = time.monotonic() + args.budget_s
-    torch.manual_seed(0)
-    ceil = measure_ceilings()
-    head = card_line(ceil)
-    print(head, flush=True)
+    ceil, head = start_run()
     log: list[str] = []
     table = []
     for shape in args.shapes.split(","):
@@ -124,8 +121,6 @@ def main() -> None:
             table.append(shape_row(ceil, shape, kind, args, log, deadline))
             print(markdown(table[-1:]), flush=True)
             torch.cuda.empty_cache()
-    text = markdown(table)
-    print("\n".join(log) + "\n\n" + head + "\n\n" + text)
     write_results(args.out, "topk", "topk_gpu", head, table, log)
 
 
