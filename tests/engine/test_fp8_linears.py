@@ -16,10 +16,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hwrun.engine.batch import ScheduledChunk
+from hwrun.engine.linears import Linear, bind_linears, quantized_linear_formats
 from hwrun.engine.model_config import load_model_config
 from hwrun.engine.op_table import EngineStartupError, OpTable
 from hwrun.engine.tensor_parallel import _cols, _rows, tp_reasons
-from hwrun.engine.weights import Linear, bind_linears, load_weights, quantized_linear_formats
+from hwrun.engine.weights import load_weights
 from hwrun.formats.fp8 import dequantize_fp8_block128
 from hwrun.ops.linear import linear as reference_linear
 from hwrun.ops.linear import linear_a8w8 as reference_a8w8

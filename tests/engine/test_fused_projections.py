@@ -11,8 +11,9 @@ import torch
 from hwrun.engine.batch import ScheduledChunk
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.fused_projections import _join
+from hwrun.engine.linears import Linear
 from hwrun.engine.model_runner import build_model_runner
-from hwrun.engine.weights import Linear, tensor_bytes
+from hwrun.engine.weights import tensor_bytes
 from hwrun.ops.quantized_weight import quantize_weight
 from tests.engine.tiny_checkpoints import build_tiny_model
 

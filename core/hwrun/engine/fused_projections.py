@@ -19,7 +19,8 @@ from itertools import accumulate
 
 import torch
 
-from hwrun.engine.weights import FusedLinear, Linear, ModelWeights
+from hwrun.engine.linears import FusedLinear, Linear
+from hwrun.engine.weights import ModelWeights
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 
 FP8_FORMATS = ("fp8_block128", "fp8_block128_ue8m0")

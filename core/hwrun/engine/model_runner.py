@@ -25,6 +25,7 @@ from hwrun.engine.config import EngineConfig
 from hwrun.engine.context_parallel import ContextShard
 from hwrun.engine.cuda_graphs import DecodeGraphs, graph_blockers
 from hwrun.engine.fused_projections import fuse_projections
+from hwrun.engine.linears import a8w8_reasons, bind_linears, quantized_linear_formats
 from hwrun.engine.model import DecodeRows, DeepseekV32, PrefillRows, StepMetadata
 from hwrun.engine.model_config import ModelConfig, parse_model_config, read_config_json
 from hwrun.engine.op_table import (
@@ -36,13 +37,7 @@ from hwrun.engine.op_table import (
     resolve_ops,
 )
 from hwrun.engine.tensor_parallel import shard_config, shard_weights, tp_reasons
-from hwrun.engine.weights import (
-    MoEWeights,
-    a8w8_reasons,
-    bind_linears,
-    load_weights,
-    quantized_linear_formats,
-)
+from hwrun.engine.weights import MoEWeights, load_weights
 from hwrun.kv.layout import PackedLayout, plan_packed_layout
 from hwrun.kv.views import allocate_cache, kernel_id_reasons
 from hwrun.models.hf_config import spec_from_hf_config

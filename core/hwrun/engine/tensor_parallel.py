@@ -20,14 +20,9 @@ from dataclasses import replace
 
 import torch
 
+from hwrun.engine.linears import Linear
 from hwrun.engine.model_config import ModelConfig
-from hwrun.engine.weights import (
-    DenseMLPWeights,
-    LayerWeights,
-    Linear,
-    ModelWeights,
-    MoEWeights,
-)
+from hwrun.engine.weights import DenseMLPWeights, LayerWeights, ModelWeights, MoEWeights
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 
 SPLITTABLE = ("bf16", "fp8_block128", "fp8_block128_ue8m0")
@@ -37,7 +32,7 @@ def tp_reasons(
     config: ModelConfig, world: int, expert_format: str, linear_formats: tuple[str, ...] = ()
 ) -> list[str]:
     """Every reason ``config`` cannot be split across ``world`` ranks (``linear_formats``: those
-    of the dense linears kept quantized, see ``weights.quantized_linear_formats``)."""
+    of the dense linears kept quantized, see ``linears.quantized_linear_formats``)."""
     if world == 1:
         return []
     reasons = []

@@ -14,10 +14,9 @@ block-FP8 as DeepSeek ships it: ``w = fp8 * scale_inv`` tile by tile.
   later store them: the same values, and dense.linear_a8w8 then rounds the activations' scales
   up to powers of two as DeepSeek's inference code does), computed by the engine's
   ``dense.linear`` op (``dense.linear_a8w8`` with ``--linear-activation-dtype fp8``) once
-  :func:`bind_linears` has given it the resolved ops (a decode step then reads one byte per
-  weight, not two). Other dense linears are kept in the
-  compute dtype and are plain torch products; the indexer's ``weights_proj`` in fp32
-  (block-FP8 or not).
+  ``linears.bind_linears`` has given it the resolved ops (a decode step then reads one byte per
+  weight, not two). Other dense linears are kept in the compute dtype and are plain torch
+  products; the indexer's ``weights_proj`` in fp32 (block-FP8 or not).
 - MLA's ``kv_b_proj`` is split into the absorbed ``W_UK [H, nope, 512]`` and ``W_UV [H, v, 512]``
   (decode and prefill both attend in the 576-wide latent space).
 - Routed and shared experts become ``QuantizedWeight``s for ``moe.experts``: block-FP8 stays
@@ -29,85 +28,18 @@ at once. Tensors the graph does not use (an MTP layer past ``num_hidden_layers``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 
 from hwrun.checkpoint.safetensors_reader import CheckpointError, SafetensorsCheckpoint
+from hwrun.engine.linears import FusedLinear, Linear
 from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
 from hwrun.formats.e8m0 import encode_e8m0
 from hwrun.formats.fp8 import dequantize_fp8_block128
 from hwrun.ops.indexer import INDEX_HEAD_DIM
-from hwrun.ops.linear import A8W8_WEIGHT_FORMATS, quantize_activations
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
-from hwrun.plugins import REFERENCE
-
-if TYPE_CHECKING:
-    from hwrun.engine.op_table import OpTable
-
-LINEAR_OP = "dense.linear"  # bf16 activations (transformers' numerics)
-LINEAR_A8W8_OP = "dense.linear_a8w8"  # activations in e4m3 first (DeepSeek's inference numerics)
-
-
-@dataclass(frozen=True, eq=False)
-class Linear:
-    """``y = x @ weight.T`` with ``weight [out, in]``.
-
-    A tensor ``weight`` (in the compute dtype) is a plain torch product. A ``QuantizedWeight``
-    (block-FP8 as the checkpoint stores it) runs through ``ops["dense.linear"]``, looked up at
-    every call (so ``OpTable.replaced`` reaches it); ``ops`` is set by :func:`bind_linears`.
-    """
-
-    weight: torch.Tensor | QuantizedWeight
-    ops: OpTable | None = None
-    op: str = LINEAR_OP  # the op a QuantizedWeight runs through (bind_linears sets it)
-    # A plain weight decoded from this block-FP8 format for an a8w8 linear on the CPU reference
-    # (bind_linears): x is first quantized as dense.linear_a8w8 defines.
-    activations_of: str | None = None
-
-    def __call__(self, x: torch.Tensor, row_by_row: bool = False) -> torch.Tensor:
-        if isinstance(self.weight, QuantizedWeight):
-            return self._quantized(x)
-        if self.activations_of is not None:
-            flat = x.reshape(-1, x.shape[-1])
-            x = quantize_activations(flat, self.activations_of).to(x.dtype).view(x.shape)
-        if not row_by_row:
-            return F.linear(x, self.weight)
-        # One matrix-vector product per row: a BLAS picks its blocking by the row count, so
-        # only this gives a row the same bits in every batch (batch-invariant mode).
-        out = x.new_empty(*x.shape[:-1], self.weight.shape[0])
-        flat_in, flat_out = x.reshape(-1, x.shape[-1]), out.view(-1, self.weight.shape[0])
-        for row in range(flat_in.shape[0]):
-            flat_out[row : row + 1] = F.linear(flat_in[row : row + 1], self.weight)
-        return out
-
-    def _quantized(self, x: torch.Tensor) -> torch.Tensor:
-        """All rows in one call, in batch-invariant mode too: the engine then resolves
-        ``dense.linear`` to a batch-invariant impl (``resolve_ops``)."""
-        if self.ops is None:
-            raise RuntimeError(
-                f"{self.weight.name}: a {self.weight.format} linear runs through the engine's "
-                f"{self.op} op; give it the resolved ops first (bind_linears)"
-            )
-        out = self.ops[self.op](x.reshape(-1, x.shape[-1]), self.weight)
-        return out.view(*x.shape[:-1], self.weight.shape[0])
-
-
-@dataclass(frozen=True, eq=False)
-class FusedLinear:
-    """Projections of one input as one product (one launch): ``linear``'s weight holds their rows
-    in turn, and the projections themselves (where the weights name them) are views into it;
-    ``widths`` are their output widths, in order. Built by ``fused_projections.py``."""
-
-    linear: Linear
-    widths: tuple[int, ...]
-
-    def __call__(self, x: torch.Tensor, row_by_row: bool = False) -> tuple[torch.Tensor, ...]:
-        return self.linear(x, row_by_row).split(self.widths, dim=-1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -362,87 +294,11 @@ def load_weights(
     )
 
 
-def _map_linears(obj: Any, fn: Callable[[Linear], Linear]) -> Any:
-    """``obj`` (the weights' dataclasses and tuples) with every Linear replaced by ``fn`` of it."""
-    if isinstance(obj, Linear):
-        return fn(obj)
-    if isinstance(obj, tuple):
-        return tuple(_map_linears(item, fn) for item in obj)
-    if is_dataclass(obj) and not isinstance(obj, (type, QuantizedWeight)):
-        return replace(obj, **{f.name: _map_linears(getattr(obj, f.name), fn) for f in fields(obj)})
-    return obj
-
-
-def _linears(obj: Any) -> Iterator[Linear]:
-    """Every Linear in ``obj`` (the weights' dataclasses and tuples)."""
-    if isinstance(obj, Linear):
-        yield obj
-    elif isinstance(obj, tuple):
-        for item in obj:
-            yield from _linears(item)
-    elif is_dataclass(obj) and not isinstance(obj, (type, QuantizedWeight)):
-        for f in fields(obj):
-            yield from _linears(getattr(obj, f.name))
-
-
-def quantized_linear_formats(weights: ModelWeights) -> tuple[str, ...]:
-    """The formats of the linears that run through ``dense.linear`` (none: ``()``)."""
-    found = {lin.weight.format for lin in _linears(weights) if _is_quantized(lin)}
-    return tuple(sorted(found))
-
-
-def a8w8_reasons(weights: ModelWeights) -> list[str]:
-    """Why the quantized linears cannot run through ``dense.linear_a8w8`` (none: ``[]``)."""
-    misfits = sorted(
-        {
-            f"{lin.weight.name} ({lin.weight.format}, {lin.weight.shape[1]} columns)"
-            for lin in _linears(weights)
-            if _is_quantized(lin)
-            and (lin.weight.format not in A8W8_WEIGHT_FORMATS or lin.weight.shape[1] % FP8_BLOCK)
-        }
-    )
-    if not misfits:
-        return []
-    return [
-        f"--linear-activation-dtype fp8 multiplies e4m3 activations in groups of {FP8_BLOCK} "
-        f"columns by block-FP8 weights, which {', '.join(misfits)} are not; use "
-        "--linear-activation-dtype bf16 for this checkpoint"
-    ]
-
-
 def _powers_of_two(scales: torch.Tensor) -> bool:
     """Every fp32 scale a normal power of two (what e8m0 codes hold exactly)."""
     bits = scales.float().contiguous().view(torch.int32)
     exponent = (bits >> 23) & 0xFF
     return bool(((bits & 0x7FFFFF) == 0).all() and ((exponent > 0) & (exponent < 255)).all())
-
-
-def _is_quantized(linear: Linear) -> bool:
-    return isinstance(linear.weight, QuantizedWeight)
-
-
-def bind_linears(
-    weights: ModelWeights, ops: OpTable, dtype: torch.dtype, op: str = LINEAR_OP
-) -> ModelWeights:
-    """The quantized linears made callable once the ops are resolved: each calls ``ops[op]``
-    (``dense.linear``, or ``dense.linear_a8w8``). Except where the reference serves it in an
-    fp32 engine (the CPU): the reference would decode every weight on every call, so each is
-    decoded here once, to fp32 as the reference decodes it, and runs as a plain torch product
-    (the reference's sums, in the BLAS's order; a8w8: after the reference's quantization of x)."""
-    if not quantized_linear_formats(weights):
-        return weights
-    choice = next(c for c in ops.choices if c.op == op)
-    decode = choice.platform == REFERENCE and dtype == torch.float32
-
-    def bind(linear: Linear) -> Linear:
-        if not _is_quantized(linear):
-            return linear
-        if decode:
-            fmt = linear.weight.format if op == LINEAR_A8W8_OP else None
-            return Linear(linear.weight.dequantize(), activations_of=fmt)
-        return replace(linear, ops=ops, op=op)
-
-    return _map_linears(weights, bind)
 
 
 def _load_layer(loader: _Loader, index: int) -> LayerWeights:
