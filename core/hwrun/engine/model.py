@@ -218,7 +218,7 @@ class DeepseekV32:
         # The score's scales (head count and softmax) are part of the weights, as the contract
         # says: w * relu(q . k) == w * relu(q . k * s) / s for s > 0.
         scale = self.config.index_n_heads**-0.5 * INDEX_HEAD_DIM**-0.5
-        weights = ix.weights_proj(x.float(), self.row_by_row) * scale
+        weights = ix.weights_proj(x, self.row_by_row) * scale
         q, weights = self._rows(
             lambda rows, w_rows, c, s: self.fn.index_query(
                 rows, w_rows, c, s, self.formats.index_query_fp8
@@ -298,7 +298,7 @@ class DeepseekV32:
             up = w.up_proj(x, self.row_by_row)
             return w.down_proj(F.silu(gate) * up, self.row_by_row)
         c = self.config
-        router_logits = self._rows(lambda rows: F.linear(rows.float(), w.router), x)
+        router_logits = w.router(x, self.row_by_row)
         route_weights, ids = self.ops["moe.route"](
             router_logits,
             c.num_experts_per_tok,

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from hwrun.checkpoint.safetensors_reader import CheckpointError, SafetensorsCheckpoint
-from hwrun.engine.linears import FusedLinear, Linear
+from hwrun.engine.linears import Fp32Linear, FusedLinear, Linear
 from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
 from hwrun.formats.e8m0 import encode_e8m0
 from hwrun.formats.fp8 import dequantize_fp8_block128
@@ -48,7 +48,7 @@ class IndexerWeights:
     wk: Linear  # [128, hidden]
     k_norm_weight: torch.Tensor  # [128] LayerNorm
     k_norm_bias: torch.Tensor  # [128]
-    weights_proj: Linear  # [Hi, hidden], fp32 (transformers keeps it in fp32)
+    weights_proj: Fp32Linear  # [Hi, hidden], an fp32 product (transformers keeps it in fp32)
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,7 +78,7 @@ class DenseMLPWeights:
 
 @dataclass(frozen=True, eq=False)
 class MoEWeights:
-    router: torch.Tensor  # [E, hidden] fp32
+    router: Fp32Linear  # [E, hidden], an fp32 product
     correction_bias: torch.Tensor | None  # [E] fp32
     w13: QuantizedWeight  # [E, 2I, hidden]
     w2: QuantizedWeight  # [E, hidden, I]
@@ -313,7 +313,7 @@ def _load_layer(loader: _Loader, index: int) -> LayerWeights:
         wk=loader.linear(a + "indexer.wk.weight"),
         k_norm_weight=loader.dense(a + "indexer.k_norm.weight"),
         k_norm_bias=loader.dense(a + "indexer.k_norm.bias"),
-        weights_proj=loader.linear(a + "indexer.weights_proj.weight", torch.float32),
+        weights_proj=Fp32Linear.load(loader.dense(a + "indexer.weights_proj.weight", torch.float32)),
     )
     attention = AttentionWeights(
         q_a_proj=loader.linear(a + "q_a_proj.weight"),
@@ -345,7 +345,7 @@ def _load_layer(loader: _Loader, index: int) -> LayerWeights:
                 loader.quantized([s + "down_proj.weight"], s + "w2"),
             )
         mlp = MoEWeights(
-            router=loader.dense(m + "gate.weight", torch.float32),
+            router=Fp32Linear.load(loader.dense(m + "gate.weight", torch.float32)),
             correction_bias=(
                 loader.dense(bias_name, torch.float32) if bias_name in loader.checkpoint else None
             ),
