@@ -141,12 +141,22 @@ class AsyncEngine:
             self._wake.set()
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        self._deliver_all([(request_id, item)])
+
+    def _deliver_all(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        """Post ``items`` to their streams in one call into the event loop: a step's 64
+        outputs as 64 calls woke the loop 64 times and held the GIL the step thread needs."""
+        deliveries = []
         with self._lock:
-            queue = self._streams.get(request_id)
-            if queue is not None and (isinstance(item, BaseException) or item.finished):
-                del self._streams[request_id]
-        if queue is not None:
-            self._loop.call_soon_threadsafe(queue.put_nowait, item)
+            for request_id, item in items:
+                queue = self._streams.get(request_id)
+                if queue is None:
+                    continue
+                if isinstance(item, BaseException) or item.finished:
+                    del self._streams[request_id]
+                deliveries.append((queue, item))
+        if deliveries:
+            self._loop.call_soon_threadsafe(_put_each, deliveries)
 
     def _run(self) -> None:
         """The step loop (engine thread): inbox, then one step, until shutdown."""
@@ -168,8 +178,7 @@ class AsyncEngine:
                 if stopping:
                     return
                 if engine.has_unfinished_requests():
-                    for out in engine.step():
-                        self._deliver(out.request_id, out)
+                    self._deliver_all([(out.request_id, out) for out in engine.step()])
                 elif not commands:
                     self._wake.wait()
         except Exception as err:
@@ -189,3 +198,8 @@ class AsyncEngine:
             self._engine.add_sequence(seq)
         except PromptError as err:
             self._deliver(seq.request_id, err)
+
+
+def _put_each(deliveries: list[tuple[asyncio.Queue, Any]]) -> None:
+    for queue, item in deliveries:
+        queue.put_nowait(item)

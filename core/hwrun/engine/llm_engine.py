@@ -14,7 +14,7 @@ batches) and :mod:`hwrun.engine.async_engine` (the server) drive it. One :meth:`
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import itertools
 import random
 import time
@@ -231,7 +231,7 @@ class LLMEngine:
             prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
             outputs=[completion],
             finished=seq.is_finished,
-            metrics=dataclasses.replace(seq.metrics),
+            metrics=copy.copy(seq.metrics),  # a snapshot; dataclasses.replace cost 4x
         )
 
     def _collect_prompt_logprobs(

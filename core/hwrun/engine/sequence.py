@@ -44,6 +44,9 @@ class Sequence:
         self.params = params
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt, then generated tokens
         self.num_prompt_tokens = len(prompt_token_ids)
+        # Every output of the request carries the prompt's ids: one list shared by them all
+        # (as vLLM's outputs share it), not a copy of 1K-128K ids per token generated.
+        self._prompt_token_ids = list(prompt_token_ids)
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # leading positions whose KV is in the cache
         self.block_table: list[int] = []
@@ -77,7 +80,7 @@ class Sequence:
 
     @property
     def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[: self.num_prompt_tokens]
+        return self._prompt_token_ids
 
     @property
     def output_token_ids(self) -> list[int]:
