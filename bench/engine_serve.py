@@ -42,6 +42,69 @@ from hwrun.engine.config import EngineConfig
 from hwrun.engine.sampling_params import SamplingParams
 
 
+class StepClock:
+    """Where the engine thread's time goes, per kind of step (decode-only steps, and steps with
+    prefill chunks): the runner's host work (inputs, launches or a graph replay; a prefill's
+    host synchronisations put device time here too), waiting for the device (a synchronize
+    added after the runner, which the sampler's copy to the host would otherwise do a moment
+    later), and the whole ``LLMEngine.step`` (scheduling, sampling, outputs on top)."""
+
+    KINDS = ("decode", "prefill")
+
+    def __init__(self, llm_engine):
+        self.reset()
+        step, execute = llm_engine.step, llm_engine.runner.execute
+        sync = torch.cuda.synchronize if llm_engine.runner.device.type == "cuda" else None
+        kind = ["decode"]
+
+        def timed_execute(chunks):
+            kind[0] = "decode" if all(c.is_decode for c in chunks) else "prefill"
+            started = time.perf_counter()
+            results = execute(chunks)
+            launched = time.perf_counter()
+            if sync is not None:
+                sync()
+            tally = self.tallies[kind[0]]
+            tally["runner_host_s"] += launched - started
+            tally["device_wait_s"] += time.perf_counter() - launched
+            return results
+
+        def timed_step():
+            started = time.perf_counter()
+            outputs = step()
+            tally = self.tallies[kind[0]]
+            tally["step_s"] += time.perf_counter() - started
+            tally["steps"] += 1
+            return outputs
+
+        llm_engine.runner.execute = timed_execute
+        llm_engine.step = timed_step
+
+    def reset(self) -> None:
+        zero = {"steps": 0, "step_s": 0.0, "runner_host_s": 0.0, "device_wait_s": 0.0}
+        self.tallies = {kind: dict(zero) for kind in self.KINDS}
+
+    def row(self) -> dict:
+        """``{kind}_steps`` and, per step of that kind, ``{kind}_{step,runner_host,
+        device_wait}_ms``."""
+        row = {}
+        for kind, tally in self.tallies.items():
+            steps = tally["steps"]
+            row[f"{kind}_steps"] = steps
+            for name in ("step", "runner_host", "device_wait"):
+                row[f"{kind}_{name}_ms"] = 1e3 * tally[f"{name}_s"] / steps if steps else 0.0
+        return row
+
+    def summary(self, row: dict) -> str:
+        return "; ".join(
+            f"{row[f'{kind}_steps']} {kind} steps of {row[f'{kind}_step_ms']:.2f} ms (runner "
+            f"host {row[f'{kind}_runner_host_ms']:.2f}, device wait "
+            f"{row[f'{kind}_device_wait_ms']:.2f})"
+            for kind in self.KINDS
+            if row[f"{kind}_steps"]
+        )
+
+
 async def one_request(engine, prompt, output_len, request_id, slots, in_flight):
     async with slots:
         in_flight[0] += 1
@@ -129,6 +192,7 @@ async def main_async(args) -> list[dict]:
     cuda = runner.device.type == "cuda"
     bandwidth = copy_bandwidth(runner.device) if cuda else None
     print(f"ops: {', '.join(f'{c.op}={c.platform}:{c.impl}' for c in engine.op_table)}")
+    clock = StepClock(engine._engine) if args.step_clock else None
     rows = []
     try:
         if args.warmup:
@@ -140,7 +204,12 @@ async def main_async(args) -> list[dict]:
             print(f"warm-up: {args.warmup} requests in {time.perf_counter() - started:.1f} s")
         for concurrency in args.concurrency:
             for index, rate in enumerate(args.rate):
+                if clock:
+                    clock.reset()
                 row = await run_load(engine, args, rate, concurrency, seed=index)
+                if clock:
+                    row.update(clock.row())
+                    print(f"  {clock.summary(row)}")
                 if bandwidth:
                     batch = max(1, round(row["mean_in_flight"]))
                     context = args.input_len + args.output_len // 2
@@ -182,6 +251,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         default=None,
         help="requests (4 output tokens each, all at once) run before the measured ones and not "
         "reported (default: the largest --concurrency; 0: none)",
+    )
+    parser.add_argument(
+        "--step-clock",
+        action="store_true",
+        help="split the time of decode-only and of prefill steps (runner host work, device "
+        "wait, the whole step; adds a synchronize after the runner)",
     )
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)

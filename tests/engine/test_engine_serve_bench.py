@@ -18,7 +18,7 @@ def test_engine_serve_bench_on_the_default_model(tmp_path):
         [
             "--platform", "reference", "--kv-cache-dtype", "bf16", "--index-dtype", "bf16",
             "--input-len", "24", "--output-len", "5", "--requests", "6",
-            "--rate", "inf", "200", "--concurrency", "3", "--json", str(out),
+            "--rate", "inf", "200", "--concurrency", "3", "--step-clock", "--json", str(out),
         ]
     )  # fmt: skip
     assert out.exists() and len(rows) == 2
@@ -30,3 +30,9 @@ def test_engine_serve_bench_on_the_default_model(tmp_path):
         for name in ("ttft_ms", "tpot_ms"):
             assert 0 < row[f"{name}_p50"] <= row[f"{name}_p90"] <= row[f"{name}_p99"]
         assert "decode_roofline_ms" not in row  # CPU: no measured copy bandwidth
+        # 6 prompts of 24 tokens: each prefilled in a step of its own kind, then 4 decode
+        # steps each (the first token comes from the prefill), at most 3 requests at once.
+        assert row["prefill_steps"] >= 2 and row["decode_steps"] >= 8
+        for kind in ("decode", "prefill"):
+            parts = row[f"{kind}_runner_host_ms"] + row[f"{kind}_device_wait_ms"]
+            assert 0 < parts <= row[f"{kind}_step_ms"]
