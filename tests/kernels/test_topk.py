@@ -15,7 +15,11 @@ from hwrun.ops.topk import topk as reference
 # Small tiles so that the interpreter's shapes reach every path: several segment levels per
 # call (M = 4k segments at most), compaction spread over programs, and a capacity that the
 # constructed rows overflow.
-SMALL = ThresholdTiles(segments=32, capacity=128, block=256, compact_block=64, chunks=3)
+# SMALL compacts by scanning every column (_compact); the others over the live segments'
+# columns (_compact_live, the default).
+SMALL = ThresholdTiles(
+    segments=32, capacity=128, block=256, compact_block=64, chunks=3, by_segment=False
+)
 TINY_CAPACITY = ThresholdTiles(segments=32, capacity=16, block=256, compact_block=128)
 BY_SEGMENT = ThresholdTiles(
     segments=32, capacity=128, block=256, compact_block=64, chunks=3, by_segment=True

@@ -33,7 +33,7 @@ def kth_largest(keys, k, lo, hi, BITS: tl.constexpr, PAIRS: tl.constexpr):
     if PAIRS:
         tl.static_assert(BITS % 2 == 0, "two bits a round need an even BITS")
         for i in tl.static_range(BITS // 2):
-            shift: tl.constexpr = 30 - 2 * i
+            shift = 30 - 2 * i  # constexpr already (i is); annotated, it would be redefined
             # uint32 masks (an untyped 3 << 30 would not fit an int32 and widen v to int64)
             if (diff >> shift) == 0:
                 v = v | (lo & (tl.full((), 3, tl.uint32) << shift))

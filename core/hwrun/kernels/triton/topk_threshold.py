@@ -256,20 +256,22 @@ def _levels(length: int, segments: int) -> int:
 class ThresholdTiles:
     """Launch parameters. The defaults: 8 warps hold an 8192-key register tile in 32 registers
     a thread (_threshold, select_candidates); 4096-column tiles give 16-byte loads, 4 per thread, in
-    _segment_max; _compact takes 1024-column tiles (the H200 sweep of bench/topk_gpu.py: at
-    64 x 32768 41.4 us against 51.8 us with 2048, at 64 x 131072 87.9 against 116.1; rows of
-    one and eight were not swept); ~8 compaction programs per SM."""
+    _segment_max; the compaction reads only the live segments' columns (_compact_live), in
+    1024-column tiles, ~8 programs per SM. H200 sweeps of bench/topk_gpu.py (2026-12-01): the
+    live-segment compaction took 64 x 131072 from 82.6 to 48.1 us and 64 x 32768 from 37.9 to
+    31.7; 1024-column tiles had beaten 2048 (_compact: 87.9 against 116.1 us at 64 x 131072)."""
 
     segments: int = 8192  # segment maxima per row (M, at least 4k): more, fewer candidates
     capacity: int = 8192  # candidate slots per row (CAP): a row with more takes the slow path
     block: int = 4096  # columns per tile of _segment_max
     compact_block: int = 1024  # columns per tile of _compact and of the slow path
     chunks: int | None = None  # _compact programs per row; None: ~8 per multiprocessor
-    # Compact over the live segments' columns (a list _threshold writes) instead of scanning
-    # every column: fewer, fuller tiles. Not yet timed on a GPU; in SWEEP_GRID.
-    by_segment: bool = False
+    # Compact over the live segments' columns (a list _threshold writes; _compact_live), not
+    # every column with a gather of its segment's maximum (_compact): fewer, fuller tiles.
+    by_segment: bool = True
     # Search the k-th key two bits a round (three counts per reduction) instead of one: half
-    # the reductions in _threshold and select_candidates. Not yet timed on a GPU; in SWEEP_GRID.
+    # the reductions in _threshold and select_candidates. Not yet timed on a GPU (its first
+    # H200 sweep hit a compile error the interpreter cannot see); in SWEEP_GRID.
     search_pairs: bool = False
     num_warps: int = 8  # _segment_max, _compact
     select_warps: int = 8  # _threshold, select_candidates (one program per row)
@@ -279,7 +281,7 @@ class ThresholdTiles:
 # What bench/topk_gpu.py --sweep times: one parameter at a time around the defaults (chunks,
 # per row count, the bench varies itself). 16384 candidates get 16 warps (at 8 the tile spills
 # heavily; ptxas for sm_90 still puts 248 bytes on the stack at 16). Timed once on the H200
-# (2026-12-01, 64-row shapes): compact_block 1024 won and became the default.
+# (2026-12-01, 64-row shapes): compact_block 1024 won, then by_segment; both are defaults.
 SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
     replace(ThresholdTiles(), **change)
     for change in (
@@ -291,11 +293,10 @@ SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
         {"block": 8192},
         {"compact_block": 512},
         {"compact_block": 2048},
-        {"by_segment": True},
-        {"by_segment": True, "compact_block": 4096, "chunks": 4},
-        {"by_segment": True, "compact_block": 2048},
+        {"by_segment": False},
+        {"compact_block": 4096, "chunks": 4},
+        {"by_segment": False, "search_pairs": True},
         {"search_pairs": True},
-        {"search_pairs": True, "by_segment": True},
         {"num_warps": 4},
         {"num_warps": 16},
         {"select_warps": 16},

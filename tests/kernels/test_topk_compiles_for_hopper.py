@@ -1,0 +1,72 @@
+"""The top-k kernels' variants compile for sm_90 (the H200) on a machine without a GPU.
+
+The CPU interpreter runs a kernel as Python, so it misses what only Triton's compiler rejects:
+``search_pairs`` ran exactly in the interpreter and failed to compile on its first H200 sweep
+(a constexpr redefined in each round of a static loop). Triton's own compiler, with the ptxas
+its wheel carries, builds the cubin here, in a child process without TRITON_INTERPRET (which
+this directory's conftest sets). The H200 runs Triton 3.6, CI the CPU wheel's version, so this
+catches language errors, not every difference between the two."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROWS = {"starts_ptr": "*i32", "ends_ptr": "*i32"}
+SELECT = ("thresh_ptr", "count_ptr", "cand_key_ptr", "cand_idx_ptr", "out_ptr")
+COMPACT = ("live_ptr", "nlive_ptr", "thresh_ptr", "count_ptr", "cand_key_ptr", "cand_idx_ptr")
+THRESHOLD = ("max_ptr", "thresh_ptr", "count_ptr", "live_ptr", "nlive_ptr")
+SCALARS = {"row_stride": "i64", "L": "i32", "k": "i32"}
+# kernel -> (signature, constexprs)
+VARIANTS = {
+    "threshold_one_bit": (
+        {**ROWS, **dict.fromkeys(THRESHOLD, "*i32"), "L": "i32", "k": "i32"},
+        {"M": 8192, "LEVELS": 5, "BITS": 16, "LIST": True, "PAIRS": False},
+    ),
+    "threshold_two_bits": (
+        {**ROWS, **dict.fromkeys(THRESHOLD, "*i32"), "L": "i32", "k": "i32"},
+        {"M": 8192, "LEVELS": 5, "BITS": 16, "LIST": True, "PAIRS": True},
+    ),
+    "select_two_bits": (
+        {"logits_ptr": "*fp32", **ROWS, **dict.fromkeys(SELECT, "*i32"), **SCALARS},
+        {"CAP": 8192, "IDX_BITS": 17, "BLOCK": 1024, "K_BLOCK": 2048, "PAIRS": True},
+    ),
+    "compact_live": (
+        {"logits_ptr": "*fp32", **ROWS, **dict.fromkeys(COMPACT, "*i32"), **SCALARS},
+        {"M": 8192, "LEVELS": 5, "CAP": 8192, "BLOCK": 1024},
+    ),
+}
+
+
+def _compile(variant: str) -> int:
+    """In the child: build ``variant``'s cubin for sm_90; its size in bytes."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from hwrun.kernels.triton.topk_select import select_candidates
+    from hwrun.kernels.triton.topk_threshold import _compact_live, _threshold
+
+    kernel = {"threshold": _threshold, "select": select_candidates, "compact": _compact_live}
+    signature, constexprs = VARIANTS[variant]
+    signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
+    source = ASTSource(kernel[variant.split("_")[0]], signature, constexprs)
+    return len(triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_compiles_for_sm90(variant):
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    child = subprocess.run(
+        [sys.executable, __file__, variant], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert int(child.stdout.split()[-1]) > 0
+
+
+if __name__ == "__main__":
+    print(_compile(sys.argv[1]))
