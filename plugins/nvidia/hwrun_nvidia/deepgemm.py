@@ -7,17 +7,17 @@ call with the machine's nvcc) happens at the first call. Conventions converted t
   64-token pages on Hopper.
 - its logits rows may be wider than asked (a padded row stride), and positions at and past a
   row's length are left unwritten: the adapter slices to ``max_ctx`` / ``N`` and writes -inf
-  there itself (paged: in place, only past each row's length, one small Triton launch: a mask
-  over the whole [B, max_ctx] cost ~80 us per layer at 64 x 128K on the H200, more than a
-  quarter of the logits kernel).
+  outside each row's window itself, in place, in one small Triton launch that writes only
+  those columns (``hwrun.kernels.triton.window_fill``). A torch mask over every column cost
+  ~80 us per layer at 64 x 128K decode and ~3.4 ms per layer in a 32K-context prefill chunk
+  of 8192 tokens on the H200.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from hwrun.kernels.triton.window_fill import fill_outside_windows
 from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_reasons
 from hwrun_nvidia.device_checks import cuda_reasons, importable
 
@@ -38,18 +38,6 @@ def _validate(spec: OpSpec, paged: bool) -> list[str]:
     if paged and spec.block_size not in (None, 64):
         reasons.append(f"DeepGEMM's paged logits need 64-token blocks, got {spec.block_size}")
     return reasons
-
-
-@triton.jit
-def _fill_past_lengths(logits_ptr, lens_ptr, stride_row, width, BLOCK: tl.constexpr):
-    """-inf at and past row r's length; blocks wholly before it exit at once."""
-    row = tl.program_id(0)
-    start = tl.program_id(1) * BLOCK
-    length = tl.load(lens_ptr + row)
-    if start + BLOCK > length:
-        cols = start + tl.arange(0, BLOCK)
-        past = (cols >= length) & (cols < width)
-        tl.store(logits_ptr + row.to(tl.int64) * stride_row + cols, float("-inf"), mask=past)
 
 
 def logits_paged(
@@ -83,12 +71,8 @@ def logits_paged(
         max_ctx,
         False,
     )
-    logits = logits[:, :max_ctx]
-    rows, block = logits.shape[0], 1024
-    _fill_past_lengths[(rows, triton.cdiv(max_ctx, block))](
-        logits, lens.reshape(-1), logits.stride(0), max_ctx, BLOCK=block
-    )
-    return logits
+    # ~80 us per layer at 64 x 128K as a full-width torch mask; writes only the tails here
+    return fill_outside_windows(logits[:, :max_ctx], None, lens.reshape(-1))
 
 
 def logits_ragged(
@@ -111,9 +95,7 @@ def logits_ragged(
     logits = deep_gemm.fp8_mqa_logits(
         q.contiguous(), (keys, scales), weights.float().contiguous(), starts, ends
     )
-    pos = torch.arange(n, device=q.device)
-    outside = (pos[None, :] < starts[:, None]) | (pos[None, :] >= ends[:, None])
-    return logits[:, :n].masked_fill(outside, float("-inf"))
+    return fill_outside_windows(logits[:, :n], starts, ends)
 
 
 def register(registry: OpRegistry) -> None:
