@@ -1,4 +1,5 @@
-"""The top-k kernels' variants compile for sm_90 (the H200) on a machine without a GPU.
+"""Kernel variants the interpreter cannot vet compile for sm_90 (the H200) without a GPU: the
+top-k's, and the window fill's two forms (a constexpr-chosen start).
 
 The CPU interpreter runs a kernel as Python, so it misses what only Triton's compiler rejects:
 ``search_pairs`` ran exactly in the interpreter and failed to compile on its first H200 sweep
@@ -38,6 +39,14 @@ VARIANTS = {
         {"logits_ptr": "*fp32", **ROWS, **dict.fromkeys(COMPACT, "*i32"), **SCALARS},
         {"M": 8192, "LEVELS": 5, "CAP": 8192, "BLOCK": 1024},
     ),
+    "fill_ragged": (
+        {"logits_ptr": "*fp32", **ROWS, "stride_row": "i64", "width": "i32"},
+        {"HAS_STARTS": True, "BLOCK": 1024},
+    ),
+    "fill_paged": (
+        {"logits_ptr": "*fp32", **ROWS, "stride_row": "i64", "width": "i32"},
+        {"HAS_STARTS": False, "BLOCK": 1024},
+    ),
 }
 
 
@@ -49,8 +58,14 @@ def _compile(variant: str) -> int:
 
     from hwrun.kernels.triton.topk_select import select_candidates
     from hwrun.kernels.triton.topk_threshold import _compact_live, _threshold
+    from hwrun.kernels.triton.window_fill import _fill_outside
 
-    kernel = {"threshold": _threshold, "select": select_candidates, "compact": _compact_live}
+    kernel = {
+        "threshold": _threshold,
+        "select": select_candidates,
+        "compact": _compact_live,
+        "fill": _fill_outside,
+    }
     signature, constexprs = VARIANTS[variant]
     signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     source = ASTSource(kernel[variant.split("_")[0]], signature, constexprs)
