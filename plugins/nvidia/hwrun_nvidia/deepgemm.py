@@ -9,7 +9,7 @@ call with the machine's nvcc) happens at the first call. Conventions converted t
   row's length are left unwritten: the adapter slices to ``max_ctx`` / ``N`` and writes -inf
   outside each row's window itself, in place, in one small Triton launch that writes only
   those columns (``hwrun.kernels.triton.window_fill``). A torch mask over every column cost
-  ~80 us per layer at 64 x 128K decode and ~3.4 ms per layer in a 32K-context prefill chunk
+  ~80 us per layer at 64 x 128K decode and ~4.5 ms per layer in a 32K-context prefill chunk
   of 8192 tokens on the H200.
 """
 
