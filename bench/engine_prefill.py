@@ -37,13 +37,12 @@ def prefill_chunks(context: int, chunk: int, seqs: int, block_size: int) -> list
     disjoint blocks."""
     length = chunk // seqs
     blocks = -(-(context + length) // block_size)
-    return [
-        ScheduledChunk(
-            seq, [7 + (seq + i) % 1000 for i in range(length)], context,
-            list(range(seq * blocks, (seq + 1) * blocks)), needs_logits=True,
-        )  # fmt: skip
-        for seq in range(seqs)
-    ]
+    chunks = []
+    for seq in range(seqs):
+        tokens = [7 + (seq + i) % 1000 for i in range(length)]
+        table = list(range(seq * blocks, (seq + 1) * blocks))
+        chunks.append(ScheduledChunk(seq, tokens, context, table, needs_logits=True))
+    return chunks
 
 
 def time_prefill(runner, chunks, steps: int) -> float:
@@ -132,7 +131,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for k in kernels:
             print(f"    {k['us'] / 1e3:8.2f} ms x{k['launches']:5d}  {k['kernel']}")
     if args.json:
-        Path(args.json).write_text(bench_file("engine_prefill", torch.cuda.get_device_name(0), rows))
+        card = torch.cuda.get_device_name(0)
+        Path(args.json).write_text(bench_file("engine_prefill", card, rows))
     return rows
 
 

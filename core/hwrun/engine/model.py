@@ -186,9 +186,9 @@ class DeepseekV32:
             # A prefill-only step: its rows are every row, in order. Whole tensors here too:
             # the row gathers and the scatter into `out` (an index_put of [T, H, 512]) took
             # ~25 ms of a 303 ms step of 8192 tokens on the H200.
-            out = self._prefill_attention(
-                index, q_mla, q_index, index_weights, meta.prefill
-            ).to(x.dtype)
+            out = self._prefill_attention(index, q_mla, q_index, index_weights, meta.prefill).to(
+                x.dtype
+            )
         else:
             out = x.new_empty(tokens, c.num_heads, LATENT_RANK)
             if meta.prefill is not None:

@@ -313,7 +313,9 @@ def _load_layer(loader: _Loader, index: int) -> LayerWeights:
         wk=loader.linear(a + "indexer.wk.weight"),
         k_norm_weight=loader.dense(a + "indexer.k_norm.weight"),
         k_norm_bias=loader.dense(a + "indexer.k_norm.bias"),
-        weights_proj=Fp32Linear.load(loader.dense(a + "indexer.weights_proj.weight", torch.float32)),
+        weights_proj=Fp32Linear.load(
+            loader.dense(a + "indexer.weights_proj.weight", torch.float32)
+        ),
     )
     attention = AttentionWeights(
         q_a_proj=loader.linear(a + "q_a_proj.weight"),
