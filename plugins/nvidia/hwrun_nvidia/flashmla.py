@@ -49,12 +49,6 @@ def _validate(spec: OpSpec, decode: bool) -> list[str]:
     return reasons
 
 
-def _empty_rows_to_contract(out: torch.Tensor, lse: torch.Tensor):
-    empty = ~torch.isfinite(lse)
-    lse = lse.masked_fill(empty, float("-inf"))
-    out = out.masked_fill(empty[..., None], 0.0)
-    return out, lse
-
 
 # FlashMLA's schedule per (device, batch, query rows, heads, page size, top-k): computed by its
 # first call, then reused (it holds device tensors; a captured graph replays with them).
@@ -152,7 +146,13 @@ def prefill(
         None if attn_sink is None else attn_sink.float().contiguous(),
         None if topk_length is None else topk_length.to(torch.int32).contiguous(),
     )
-    return _empty_rows_to_contract(out.to(q.dtype), lse)
+    # Rows that attended nothing, to the contract (lse -inf, out 0) in place, as decode does: two
+    # masked_fills into new [T, H, 512] tensors took ~0.7 ms a layer at 8192 tokens on the H200.
+    out = out.to(q.dtype).contiguous()
+    tokens, heads, width = out.shape
+    lse_out = torch.empty(tokens, heads, dtype=torch.float32, device=out.device)
+    _lse_to_contract[(tokens * heads,)](out, lse.contiguous(), lse_out, 1, heads, D=width)
+    return out, lse_out
 
 
 def register(registry: OpRegistry) -> None:
