@@ -49,7 +49,6 @@ def _validate(spec: OpSpec, decode: bool) -> list[str]:
     return reasons
 
 
-
 # FlashMLA's schedule per (device, batch, query rows, heads, page size, top-k): computed by its
 # first call, then reused (it holds device tensors; a captured graph replays with them).
 _SCHEDULES: dict[tuple, object] = {}
