@@ -28,6 +28,8 @@ def history_logits(history: list[int], vocab_size: int) -> torch.Tensor:
 
 
 class FakeRunner:
+    device_token_inputs = True  # execute(chunks, input_ids=...), as ModelRunner
+
     def __init__(
         self,
         *,
@@ -47,6 +49,7 @@ class FakeRunner:
         self.op_table = [OpChoice("sparse_mla.decode", "fake", "reference", False)]
         self.pool = torch.full((num_blocks, block_size), -1, dtype=torch.int64)
         self.steps: list[list[ScheduledChunk]] = []
+        self.ahead_steps = 0  # steps whose token ids came as a tensor (async scheduling)
         self.gate: threading.Event | None = None  # when set by a test, execute waits on it
 
     def slot(self, block_table: list[int], position: int) -> tuple[int, int]:
@@ -54,12 +57,18 @@ class FakeRunner:
         assert index < len(block_table), f"position {position} beyond block table {block_table}"
         return block_table[index], position % self.block_size
 
-    def execute(self, chunks: list[ScheduledChunk]) -> list[ChunkLogits]:
+    def execute(
+        self, chunks: list[ScheduledChunk], input_ids: torch.Tensor | None = None
+    ) -> list[ChunkLogits]:
         if self.gate is not None:
             self.gate.wait()
         self.steps.append(chunks)
-        for chunk in chunks:
-            for offset, token in enumerate(chunk.token_ids):
+        if input_ids is not None:  # a step launched ahead: its tokens came from the "device"
+            assert all(c.is_decode for c in chunks) and len(input_ids) == len(chunks)
+            self.ahead_steps += 1
+        for row, chunk in enumerate(chunks):
+            tokens = chunk.token_ids if input_ids is None else [int(input_ids[row])]
+            for offset, token in enumerate(tokens):
                 self.pool[self.slot(chunk.block_table, chunk.start + offset)] = token
         results = []
         for chunk in chunks:

@@ -37,9 +37,11 @@ async def until(condition, timeout: float = 5.0) -> None:
     raise AssertionError("condition not reached")
 
 
-def test_streams_cumulative_outputs_of_concurrent_requests():
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async_scheduling"])
+def test_streams_cumulative_outputs_of_concurrent_requests(async_scheduling):
     async def main():
-        engine = make()
+        runner = FakeRunner()
+        engine = make(runner, async_scheduling=async_scheduling)
         await engine.start()
         prompts = [[1, 2, 3], list(range(10, 30)), [7]]
         streams = await asyncio.gather(
@@ -51,6 +53,7 @@ def test_streams_cumulative_outputs_of_concurrent_requests():
             assert stream[-1].outputs[0].token_ids == reference_greedy(prompt, 8)
         stats = engine.stats()
         assert isinstance(stats, EngineStats) and stats.generation_tokens_total == 24
+        assert (runner.ahead_steps > 0) == async_scheduling
         await engine.shutdown()
 
     asyncio.run(main())

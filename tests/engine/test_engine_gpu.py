@@ -166,3 +166,22 @@ def test_batch_invariant_mode_on_the_gpu(plugins, checkpoint):
     batched = llm.generate(prompt_token_ids=prompts, sampling_params=params)[0].outputs[0]
     assert alone.token_ids == batched.token_ids
     assert alone.logprobs == batched.logprobs
+
+
+def test_async_scheduling_gives_the_synchronous_tokens_on_the_gpu(plugins, checkpoint):
+    """Decode steps launched ahead through the captured graphs, their token ids copied from the
+    previous step's device argmax: the same tokens as the synchronous engine. Lengths end the
+    requests (ignore_eos), so both runs batch the same rows into the same graph buckets and run
+    the same kernels on the same data."""
+    flags = dict(model=str(checkpoint.path), platform="nvidia", num_kv_tokens=64 * 64)
+    flags |= dict(max_model_len=1024, max_num_seqs=16, kv_cache_dtype="fp8_ds_mla")
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(2, 128, (int(n),), generator=gen).tolist() for n in range(20, 36)]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    tokens = []
+    for async_scheduling in (False, True):
+        config = dict(flags, async_scheduling=async_scheduling)
+        llm = LLM(**config, runner=_runner(plugins, **flags))
+        outputs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+        tokens.append([out.outputs[0].token_ids for out in outputs])
+    assert tokens[1] == tokens[0]

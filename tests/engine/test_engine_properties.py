@@ -51,9 +51,19 @@ prompt = st.one_of(
     max_num_seqs=st.integers(1, 6),
     caching=st.booleans(),
     abort_at=st.one_of(st.none(), st.tuples(st.integers(0, 5), st.integers(0, 10))),
+    async_scheduling=st.booleans(),
 )
 def test_random_workloads_give_the_reference_tokens(
-    prompts, max_tokens, seeded, block_size, spare_blocks, budget, max_num_seqs, caching, abort_at
+    prompts,
+    max_tokens,
+    seeded,
+    block_size,
+    spare_blocks,
+    budget,
+    max_num_seqs,
+    caching,
+    abort_at,
+    async_scheduling,
 ):
     longest = max(len(p) + n for p, n in zip(prompts, max_tokens, strict=False))
     num_blocks = -(-longest // block_size) + spare_blocks
@@ -63,6 +73,7 @@ def test_random_workloads_give_the_reference_tokens(
         max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs,
         enable_prefix_caching=caching,
+        async_scheduling=async_scheduling,
     )
     params = [
         SamplingParams(temperature=0.8, seed=i, max_tokens=n)

@@ -7,18 +7,22 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import engine_serve
 
 
-def test_engine_serve_bench_on_the_default_model(tmp_path):
+@pytest.mark.parametrize("scheduling", [[], ["--async-scheduling"]], ids=["sync", "async"])
+def test_engine_serve_bench_on_the_default_model(tmp_path, scheduling):
     out = tmp_path / "rows.json"
     rows = engine_serve.main(
         [
             "--platform", "reference", "--kv-cache-dtype", "bf16", "--index-dtype", "bf16",
             "--input-len", "24", "--output-len", "5", "--requests", "6",
             "--rate", "inf", "200", "--concurrency", "3", "--step-clock", "--json", str(out),
+            *scheduling,
         ]
     )  # fmt: skip
     assert out.exists() and len(rows) == 2

@@ -33,6 +33,7 @@ ENGINE_FLAGS = (
     "batch_invariant",
     "no_fallback",
     "no_cuda_graphs",
+    "async_scheduling",
     "cpu_threads",
     "tensor_parallel",
     "decode_context_parallel",
@@ -142,6 +143,12 @@ def engine_flags(command: Callable[..., Any]) -> Callable[..., Any]:
             is_flag=True,
             help="Run decode steps eagerly (by default they are captured on CUDA when every op "
             "serving them is graph-safe).",
+        ),
+        click.option(
+            "--async-scheduling",
+            is_flag=True,
+            help="Launch each greedy decode step before the previous one's tokens reach the "
+            "host, so scheduling, sampling and outputs overlap the device (one process only).",
         ),
     ]
     for flag in reversed(flags):

@@ -44,6 +44,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     batch_invariant: bool = False
     cuda_graphs: bool = True  # capture decode steps per batch bucket (CUDA, graph-safe ops only)
+    # Launch the next decode step before the current one's tokens reach the host (greedy decode
+    # steps, one process): the host's scheduling, sampling and outputs overlap the device's work.
+    async_scheduling: bool = False
     # torch intra-op threads while the model runs on a CPU. One by default: a step is hundreds of
     # small per-row ops, where more threads only add synchronisation (a loaded 2-core machine ran
     # the default model 10x slower with 2 threads than with 1).
@@ -97,6 +100,12 @@ class EngineConfig:
                 "built-in engine splits heads (TP) or the KV cache by token (DCP), not both at "
                 "once yet; set one of them to 1 (hwrun serve --engine vllm runs vLLM's DCP, "
                 "carved out of its TP group)"
+            )
+        if self.async_scheduling and (tp > 1 or dcp > 1):
+            reasons.append(
+                "--async-scheduling runs in one process for now: the process group's runner "
+                "takes its token ids from the host; drop it or set --tensor-parallel-size and "
+                "--decode-context-parallel-size to 1"
             )
         for name in ("max_model_len", "num_kv_tokens", "kv_cache_memory"):
             value = getattr(self, name)

@@ -105,20 +105,23 @@ class DecodeGraphs:
         """The host buffer :meth:`run` copies block tables from: int32 ``[batch, width]``."""
         return self._host_tables[:batch]
 
-    def run(self, input_ids: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
+    def run(
+        self, input_ids: list[int] | torch.Tensor, positions: list[int], slots: list[int]
+    ) -> torch.Tensor:
         """Replay the bucket for these B decode rows (context of row i: positions[i] + 1), their
-        block tables already in ``host_tables(B)``; logits ``[B, V]`` float32."""
-        batch = len(input_ids)
+        block tables already in ``host_tables(B)``; logits ``[B, V]`` float32. ``input_ids``
+        may be a tensor on the device (copied there, never through the host)."""
+        batch = len(positions)
         bucket = next(b for b in self.buckets if b >= batch)
         self._pad(batch)
-        # One copy for the three per-row values: each host-to-device copy costs microseconds.
-        rows = torch.tensor([input_ids, positions, slots], dtype=torch.int64).to(
-            self.input_ids.device
-        )
-        self.input_ids[:batch] = rows[0]
-        self.positions[:batch] = rows[1]
-        self.slots[:batch] = rows[2].to(torch.int32)
-        self.context_lens[:batch] = rows[1].to(torch.int32) + 1
+        on_device = isinstance(input_ids, torch.Tensor)
+        # One copy for the per-row values: each host-to-device copy costs microseconds.
+        host_rows = [positions, slots] if on_device else [positions, slots, input_ids]
+        rows = torch.tensor(host_rows, dtype=torch.int64).to(self.input_ids.device)
+        self.input_ids[:batch] = input_ids if on_device else rows[2]
+        self.positions[:batch] = rows[0]
+        self.slots[:batch] = rows[1].to(torch.int32)
+        self.context_lens[:batch] = rows[0].to(torch.int32) + 1
         self.block_table[:batch] = torch.from_numpy(self._host_tables[:batch]).to(
             self.block_table.device
         )

@@ -18,6 +18,7 @@ import copy
 import itertools
 import random
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,6 +40,18 @@ from hwrun.engine.tokenizer import (
 )
 
 TOKENIZER_FROM_CHECKPOINT: Any = object()  # default of tokenizer=: load the checkpoint's
+
+
+@dataclass
+class _Launched:
+    """A step whose device work is queued: its sequences, chunks and the runner's results, and
+    its tokens as a device tensor when every row decodes greedily without logprobs (async
+    scheduling only)."""
+
+    seqs: list[Sequence]
+    chunks: list
+    results: list
+    tokens: torch.Tensor | None
 
 
 class LLMEngine:
@@ -93,6 +106,14 @@ class LLMEngine:
         self._seeds = random.Random(config.seed)  # seeds of requests that bring none
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.async_scheduling = config.async_scheduling
+        if self.async_scheduling and not getattr(runner, "device_token_inputs", False):
+            raise ValueError(
+                f"async scheduling needs a runner that takes token ids on the device; "
+                f"{type(runner).__name__} does not (tensor or decode context parallelism): "
+                f"drop async_scheduling"
+            )
+        self._ahead: _Launched | None = None  # a step launched ahead, read by the next step()
 
     @property
     def op_table(self) -> list:
@@ -166,32 +187,99 @@ class LLMEngine:
             close()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._ahead is not None
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled batch; the outputs of the requests that sampled a token."""
-        step = self.scheduler.schedule()
-        if not step.chunks:
-            return []
-        results = self.runner.execute(step.chunks)
-        due: list[tuple[Sequence, torch.Tensor]] = []
-        for seq, chunk, result in zip(step.seqs, step.chunks, results, strict=True):
+        """Run one scheduled batch; the outputs of the requests that sampled a token.
+
+        With async scheduling, a step of greedy decodes launches the next step of the same
+        sequences before reading its own tokens (the module doc); that step is this method's
+        next call."""
+        launched, self._ahead = self._ahead, None
+        if launched is None:
+            step = self.scheduler.schedule()
+            if not step.chunks:
+                return []
+            launched = self._launch(step.seqs, step.chunks)
+        self._record(launched)
+        if self.async_scheduling and launched.tokens is not None:
+            self._ahead = self._launch_ahead(launched)
+        return self._sample(launched)
+
+    def _launch(
+        self, seqs: list[Sequence], chunks: list, input_ids: torch.Tensor | None = None
+    ) -> _Launched:
+        if input_ids is None:
+            results = self.runner.execute(chunks)
+        else:
+            results = self.runner.execute(chunks, input_ids=input_ids)
+        tokens = None
+        # A step of greedy decodes without logprobs: its tokens as a device tensor, so the next
+        # step can be launched before they reach the host. The same argmax as the sampler's.
+        if self.async_scheduling and all(
+            chunk.is_decode and chunk.needs_logits and seq.params.greedy
+            and seq.params.logprobs is None
+            for seq, chunk in zip(seqs, chunks, strict=True)
+        ):  # fmt: skip
+            rows = torch.stack([result.logits[-1] for result in results])
+            tokens = torch.argmax(rows.float(), dim=-1)
+        return _Launched(seqs, chunks, results, tokens)
+
+    def _record(self, launched: _Launched) -> None:
+        """What the step computed: positions, full blocks into the prefix cache, prompt
+        logprobs. A step launched ahead skips the sequences that ended before it was read."""
+        step = zip(launched.seqs, launched.chunks, launched.results, strict=True)
+        for seq, chunk, result in step:
+            if seq.is_finished:
+                continue
             seq.num_computed_tokens = chunk.end
             self.block_manager.cache_full_blocks(seq)
             if chunk.all_logits and seq.needs_prompt_logprobs:
                 self._collect_prompt_logprobs(seq, chunk.start, result.logits)
-            if chunk.needs_logits:
-                due.append((seq, result.logits[-1]))
+
+    def _launch_ahead(self, launched: _Launched) -> _Launched | None:
+        """The next step of ``launched``'s sequences, launched now with its tokens taken from
+        the device (None when the scheduler would schedule otherwise)."""
+        live = [(row, seq) for row, seq in enumerate(launched.seqs) if not seq.is_finished]
+        ending = {
+            seq.seq_id
+            for _, seq in live
+            if seq.num_output_tokens + 1 >= seq.params.max_tokens
+            or seq.num_tokens + 1 >= self.max_model_len
+        }
+        step = self.scheduler.schedule_ahead([seq for _, seq in live], ending)
+        if step is None:
+            return None
+        rows = [row for row, seq in live if seq.seq_id not in ending]
+        tokens = launched.tokens
+        if rows != list(range(len(launched.seqs))):
+            tokens = tokens[torch.tensor(rows, device=tokens.device)]
+        return self._launch(step.seqs, step.chunks, input_ids=tokens)
+
+    def _sample(self, launched: _Launched) -> list[RequestOutput]:
+        """Sample (or read) each due row's token, append it and check the stop conditions."""
+        due = [
+            (row, seq, result.logits[-1])
+            for row, (seq, chunk, result) in enumerate(
+                zip(launched.seqs, launched.chunks, launched.results, strict=True)
+            )
+            if chunk.needs_logits and not seq.is_finished
+        ]
         if not due:
             return []
-        logits = torch.stack([row for _, row in due])
-        tokens, logprobs = sampler.sample(
-            logits,
-            [seq.params for seq, _ in due],
-            [seq.generator(logits.device) for seq, _ in due],
-        )
+        if launched.tokens is not None:
+            all_tokens = launched.tokens.tolist()
+            tokens = [all_tokens[row] for row, _, _ in due]
+            logprobs: list = [None] * len(due)
+        else:
+            logits = torch.stack([logits for _, _, logits in due])
+            tokens, logprobs = sampler.sample(
+                logits,
+                [seq.params for _, seq, _ in due],
+                [seq.generator(logits.device) for _, seq, _ in due],
+            )
         outputs = []
-        for (seq, _), token, token_logprobs in zip(due, tokens, logprobs, strict=True):
+        for (_, seq, _), token, token_logprobs in zip(due, tokens, logprobs, strict=True):
             self._append_token(seq, token, token_logprobs)
             outputs.append(self.output(seq))
         return outputs

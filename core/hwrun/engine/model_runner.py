@@ -13,7 +13,7 @@ same number together (``W * block_size`` tokens).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -67,6 +67,10 @@ class KVPool:
 class ModelRunner:
     """Runs scheduled chunks through the model; owns the KV pool and the op table."""
 
+    # execute() takes a decode step's token ids as a device tensor (``input_ids``): the engine's
+    # async scheduling launches a step before the previous one's tokens reach the host.
+    device_token_inputs = True
+
     def __init__(
         self,
         model: DeepseekV32,
@@ -97,13 +101,23 @@ class ModelRunner:
     def op_table(self) -> list[OpChoice]:
         return self.ops.choices
 
-    def execute(self, chunks: list[ScheduledChunk]) -> list[ChunkLogits]:
-        """Compute ``chunks`` (KV written to their blocks); logits where each chunk asks."""
+    def execute(
+        self, chunks: list[ScheduledChunk], input_ids: torch.Tensor | None = None
+    ) -> list[ChunkLogits]:
+        """Compute ``chunks`` (KV written to their blocks); logits where each chunk asks.
+
+        ``input_ids``: for a step of decode chunks only, their token ids as an int64 tensor on
+        this runner's device, one per chunk in order, used instead of the chunks' own
+        ``token_ids`` (then placeholders: the tokens are still on the device)."""
         if not chunks:
             return []
+        if input_ids is not None and not all(c.is_decode for c in chunks):
+            raise ValueError("input_ids replace the token ids of decode-only steps only")
         if self.graphs is not None and self._replayable(chunks):
-            return self._replay(chunks)
+            return self._replay(chunks, input_ids)
         meta, spans = self._metadata(chunks)
+        if input_ids is not None:
+            meta = replace(meta, input_ids=input_ids.to(self.device, torch.int64))
         logits = self._forward(meta)
         return [
             ChunkLogits(chunk.seq_id, None if span is None else logits[span[0] : span[1]])
@@ -126,13 +140,15 @@ class ModelRunner:
             c.is_decode and not c.all_logits for c in chunks
         )
 
-    def _replay(self, chunks: list[ScheduledChunk]) -> list[ChunkLogits]:
+    def _replay(
+        self, chunks: list[ScheduledChunk], input_ids: torch.Tensor | None
+    ) -> list[ChunkLogits]:
         for chunk in chunks:
             self.check(chunk)
         bs = self.block_size
         self.block_tables.fill(chunks, bs, self.graphs.host_tables(len(chunks)))
         logits = self.graphs.run(
-            [c.token_ids[0] for c in chunks],
+            [c.token_ids[0] for c in chunks] if input_ids is None else input_ids,
             [c.start for c in chunks],
             [c.slot(c.start, bs) for c in chunks],
         )

@@ -26,6 +26,8 @@ from hwrun.engine.batch import ScheduledChunk
 from hwrun.engine.block_manager import BlockManager
 from hwrun.engine.sequence import Sequence, SequenceStatus
 
+PENDING_TOKEN = 0  # a chunk's token id placeholder while the token is still on the device
+
 
 @dataclass
 class ScheduledStep:
@@ -111,6 +113,37 @@ class Scheduler:
 
         seqs = [s for s in self.running if s.seq_id in planned]
         return ScheduledStep(seqs, [self._chunk(s, planned[s.seq_id]) for s in seqs])
+
+    def schedule_ahead(self, seqs: list[Sequence], ending: set[int]) -> ScheduledStep | None:
+        """The decode step after a step of decodes of ``seqs``, made before that step's tokens
+        reach the host (the engine's async scheduling): each sequence decodes its pending
+        token at position ``num_computed_tokens``, except those in ``ending`` (seq ids whose
+        pending token is their last). Chunk token ids are placeholders: the runner takes the
+        tokens from the device. None unless this is the step :meth:`schedule` would make once
+        the tokens are known (barring an end no one can foresee: eos, a stop): nothing is
+        waiting, every running sequence is in ``seqs``, and each gets its block without a
+        preemption (blocks taken before a refusal are the ones its next step would take)."""
+        if self.waiting or len(self.running) != len(seqs):
+            return None
+        ahead = [seq for seq in seqs if seq.seq_id not in ending]
+        if not ahead or len(ahead) > self.max_num_batched_tokens:
+            return None
+        for seq in ahead:
+            if not self.block_manager.can_allocate(seq, 1):
+                return None
+            self.block_manager.allocate(seq, 1)
+        chunks = [
+            ScheduledChunk(
+                seq_id=seq.seq_id,
+                token_ids=[PENDING_TOKEN],
+                start=seq.num_computed_tokens,
+                block_table=seq.block_table,
+                needs_logits=True,
+                table_epoch=seq.table_epoch,
+            )
+            for seq in ahead
+        ]
+        return ScheduledStep(ahead, chunks)
 
     def _chunk(self, seq: Sequence, num_tokens: int) -> ScheduledChunk:
         start = seq.num_computed_tokens
