@@ -76,11 +76,15 @@ def indexer_rows(ceil, tune, log):
 
             cfg = {}
             if tune and batch > 1:
+                # mxfp4: also the groups folded into one product (fold_groups, untimed so far)
+                folds = (False, True) if fmt == "mxfp4" else (False,)
                 grid = [
                     {"splits": 8 * sms // batch, "num_warps": nw, "num_stages": st, "step": sp}
+                    | ({"fold_groups": True} if fold else {})
                     for sp in (1, 2)
                     for nw in (4, 8)
                     for st in (3, 4)
+                    for fold in folds
                 ]
                 cfg = _tune(f"logits_paged {fmt} B={batch}", run, grid, log)
             us = bench(lambda run=run, cfg=cfg: run(**cfg))

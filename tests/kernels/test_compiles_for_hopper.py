@@ -47,6 +47,37 @@ VARIANTS = {
         {"logits_ptr": "*fp32", **ROWS, "stride_row": "i64", "width": "i32"},
         {"HAS_STARTS": False, "BLOCK": 1024},
     ),
+    # mxfp4 keys with the groups folded into one product, through the PTX unpack (the CPU
+    # interpreter runs the arithmetic one): the engine's decode shape, 64 heads, fp8 queries.
+    "paged_mxfp4_folded": (
+        {
+            "q_ptr": "*fp8e4nv",
+            "w_ptr": "*fp32",
+            "cache_ptr": "*u8",
+            "table_ptr": "*i32",
+            "lens_ptr": "*i32",
+            "out_ptr": "*fp32",
+            "cache_block_stride": "i64",
+            "table_stride": "i32",
+            "out_stride": "i32",
+            "max_ctx": "i32",
+            "num_ctx_blocks": "i32",
+        },
+        {
+            "H": 64,
+            "NEXT_N": 1,
+            "NP": 1,
+            "HP": 64,
+            "BLOCK_SIZE": 64,
+            "ELEM_BYTES": 64,
+            "FMT": 1,
+            "Q_FP8": True,
+            "WIDE": "bf16",
+            "STEP": 1,
+            "SPLITS": None,
+            "FOLD": True,
+        },
+    ),
 }
 
 
@@ -56,6 +87,8 @@ def _compile(variant: str) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from hwrun.kernels.triton import index_key_tiles
+    from hwrun.kernels.triton.indexer_logits import _paged_logits_kernel
     from hwrun.kernels.triton.topk_select import select_candidates
     from hwrun.kernels.triton.topk_threshold import _compact_live, _threshold
     from hwrun.kernels.triton.window_fill import _fill_outside
@@ -65,8 +98,16 @@ def _compile(variant: str) -> int:
         "select": select_candidates,
         "compact": _compact_live,
         "fill": _fill_outside,
+        "paged": _paged_logits_kernel,
     }
+    index_key_tiles.UNPACK_PTX = triton.language.constexpr(True)  # as on a CUDA machine
     signature, constexprs = VARIANTS[variant]
+    constexprs = dict(constexprs)
+    if "SPLITS" in constexprs:  # a runtime argument of the kernel
+        del constexprs["SPLITS"]
+        signature = {**signature, "SPLITS": "i32"}
+    if constexprs.get("WIDE") == "bf16":
+        constexprs["WIDE"] = triton.language.bfloat16
     signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     source = ASTSource(kernel[variant.split("_")[0]], signature, constexprs)
     return len(triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"])

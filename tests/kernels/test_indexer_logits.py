@@ -69,3 +69,62 @@ def test_logits_ragged_matches_reference(fmt):
     got = logits_ragged(q, weights, elements, scales, fmt, ks, ke, block_n=32, rows=4)
     want = reference_ragged(q, weights, elements, scales, fmt, ks, ke)
     _assert_logits_close(got, want)
+
+
+def _mxfp4_keys_with_spread_scales(num_keys, g):
+    """mxfp4 keys whose group exponents cover the folded path's edges: spreads of 0 to 5 (one
+    K=128 product), 7 (the four products), a NaN code within and beyond the fold's reach, and
+    an all-zero key."""
+    elements, scales = get_index_key_format("mxfp4").encode(torch.randn(num_keys, 128, generator=g))
+    scales = scales.clone()
+    scales[0] = torch.tensor([127, 127, 127, 127], dtype=torch.uint8)  # spread 0
+    scales[1] = torch.tensor([122, 127, 124, 126], dtype=torch.uint8)  # spread 5: folds exactly
+    scales[2] = torch.tensor([0, 3, 5, 1], dtype=torch.uint8)  # the smallest codes
+    scales[3] = torch.tensor([255, 254, 252, 253], dtype=torch.uint8)  # NaN, folded
+    elements[4] = 0  # zero key
+    scales[20] = torch.tensor([120, 127, 127, 125], dtype=torch.uint8)  # spread 7: 4 products
+    scales[21] = torch.tensor([255, 10, 127, 127], dtype=torch.uint8)  # NaN, unfolded
+    return elements, scales
+
+
+def _assert_logits_close_with_nan(got, want):
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan), "NaN positions differ"
+    _assert_logits_close(got.masked_fill(nan, 0.0), want.masked_fill(nan, 0.0))
+
+
+@pytest.mark.parametrize("q_dtype", [torch.float8_e4m3fn, torch.bfloat16])
+def test_folded_mxfp4_groups_match_the_reference(q_dtype):
+    from hwrun.kernels.triton.indexer_logits import logits_ragged
+    from hwrun.ops.indexer import logits_ragged as reference_ragged
+
+    g = torch.Generator().manual_seed(5)
+    rows, heads, num_keys = 4, 3, 40  # tiles of 16 keys: the first folds, the second does not
+    elements, scales = _mxfp4_keys_with_spread_scales(num_keys, g)
+    q = torch.randn(rows, heads, 128, generator=g).to(q_dtype)
+    weights = torch.rand(rows, heads, generator=g)
+    ks = torch.tensor([0, 0, 5, 17], dtype=torch.int32)
+    ke = torch.tensor([40, 16, 33, 40], dtype=torch.int32)
+    want = reference_ragged(q, weights, elements, scales, "mxfp4", ks, ke)
+    for fold in (False, True):
+        got = logits_ragged(
+            q, weights, elements, scales, "mxfp4", ks, ke, block_n=16, fold_groups=fold
+        )
+        _assert_logits_close_with_nan(got, want)
+    assert torch.isnan(want[0, 3]) and torch.isnan(want[0, 21])  # both NaN paths are reached
+
+
+def test_folded_mxfp4_groups_in_the_paged_kernel():
+    g = torch.Generator().manual_seed(9)
+    batch, heads, block_size, num_blocks = 2, 4, 16, 6
+    elements, scales = _mxfp4_keys_with_spread_scales(num_blocks * block_size, g)
+    cache = torch.cat(
+        (elements.reshape(num_blocks, -1), scales.reshape(num_blocks, -1)), dim=1
+    ).contiguous()
+    q = torch.randn(batch, 1, heads, 128, generator=g).to(torch.float8_e4m3fn)
+    weights = torch.rand(batch, heads, generator=g)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    lens = torch.tensor([[45], [30]], dtype=torch.int32)
+    want = reference_paged(q, weights, cache, "mxfp4", table, lens, 48)
+    got = logits_paged(q, weights, cache, "mxfp4", table, lens, 48, splits=2, fold_groups=True)
+    _assert_logits_close_with_nan(got, want)

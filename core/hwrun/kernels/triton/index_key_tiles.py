@@ -158,6 +158,108 @@ def mxfp4_key_scores(
     return acc
 
 
+# Largest difference between a key's group exponents that folding keeps exact: the smallest
+# nonzero e2m1 magnitude (0.5, e4m3 exponent field 6) lowered by d stays a normal e4m3 value
+# (field >= 1) for d <= 5, and every e2m1 value times 2^-d is then an e4m3 value.
+MAX_FOLD = tl.constexpr(5)
+
+
+@triton.jit
+def mxfp4_key_scores_folded(
+    elem_rows, scale_rows, n_mask, qt, q0, q1, q2, q3, Q_FP8: tl.constexpr, WIDE: tl.constexpr
+):
+    """:func:`mxfp4_key_scores` as one K=128 product where that is exact: each group's power of
+    two relative to the key's largest, 2^-d, is folded into its e4m3 codes (the exponent field
+    lowered by d), the product runs over all 128 elements against ``qt`` ([128, M]), and the
+    key's largest power of two scales the result once. A tile holding a key whose group
+    exponents differ by more than MAX_FOLD takes the four products of ``q0..q3`` instead."""
+    codes = tl.load(scale_rows[:, None] + tl.arange(0, 4)[None, :], mask=n_mask[:, None], other=0)
+    codes = codes.to(tl.int32)
+    top = tl.max(codes, axis=1)  # [BLOCK_N]
+    shift = top[:, None] - codes  # [BLOCK_N, 4], each >= 0
+    if tl.max(tl.max(shift, axis=1), axis=0) <= MAX_FOLD:
+        keys = _mxfp4_folded(elem_rows, n_mask, shift, Q_FP8, WIDE)
+        # One NaN code makes the key's top 255 (NaN) or its spread too wide (the four products
+        # then keep the NaN): either way a NaN scale poisons the key's score, as unfolded.
+        scale = tl.where(top == 255, float("nan"), tl.exp2(top.to(tl.float32) - 127.0))
+        acc = tl.dot(keys, qt) * scale[:, None]
+    else:
+        acc = mxfp4_key_scores(elem_rows, scale_rows, n_mask, q0, q1, q2, q3, Q_FP8, WIDE)
+    return acc
+
+
+_UNPACK_LOWERED_ASM = tl.constexpr(
+    """
+{
+.reg .b32 t, s, sel, m, g, la, lb, z;
+and.b32 z, $3, 0xFFFFFF00;
+mov.b32 la, 0x3C383000;
+sub.u32 la, la, z;
+mov.b32 lb, 0x4C484440;
+sub.u32 lb, lb, $3;
+and.b32 t, $2, 0x07070707;
+shr.b32 s, t, 4;
+or.b32 s, s, t;
+and.b32 sel, s, 0xFF;
+shr.b32 s, s, 8;
+and.b32 s, s, 0xFF00;
+or.b32 sel, sel, s;
+prmt.b32 m, la, lb, sel;
+shl.b32 g, $2, 4;
+and.b32 g, g, 0x80808080;
+or.b32 $0, m, g;
+shr.b32 t, $2, 4;
+and.b32 t, t, 0x07070707;
+shr.b32 s, t, 4;
+or.b32 s, s, t;
+and.b32 sel, s, 0xFF;
+shr.b32 s, s, 8;
+and.b32 s, s, 0xFF00;
+or.b32 sel, sel, s;
+prmt.b32 m, la, lb, sel;
+and.b32 g, $2, 0x80808080;
+or.b32 $1, m, g;
+}
+"""
+)
+
+
+@triton.jit
+def _mxfp4_folded(elem_rows, n_mask, shift, Q_FP8: tl.constexpr, WIDE: tl.constexpr):
+    """A key tile's 128 elements as e4m3 codes, group g's lowered by ``shift[:, g]`` (exponent
+    field minus shift; zero stays zero): [BLOCK_N, 128] in natural element order."""
+    rows: tl.constexpr = shift.shape[0]
+    b = tl.arange(0, 64)
+    packed = tl.load(elem_rows[:, None] + b[None, :], mask=n_mask[:, None], other=0)
+    # shift * 8 (the exponent field's place) for each packed byte: byte b is in group b // 16
+    lowered = tl.reshape(tl.broadcast_to((shift * 8)[:, :, None], (rows, 4, 16)), (rows, 64))
+    lowered = lowered.to(tl.uint8)
+    if UNPACK_PTX:
+        # The table of _UNPACK_ASM with every nonzero code lowered: no borrow crosses a byte
+        # (the smallest nonzero code, 0x30, minus at most 5 * 8).
+        lo, hi = tl.inline_asm_elementwise(
+            _UNPACK_LOWERED_ASM,
+            "=r,=r,r,r",
+            [packed, lowered],
+            dtype=(tl.uint8, tl.uint8),
+            is_pure=True,
+            pack=4,
+        )
+    else:
+        lo = _lowered(_e2m1_as_e4m3_bits(packed & 15), lowered)  # element 2i
+        hi = _lowered(_e2m1_as_e4m3_bits(packed >> 4), lowered)  # element 2i + 1
+    pairs = tl.join(lo, hi)  # [BLOCK_N, 64, 2]: natural element order once flattened
+    keys = tl.reshape(pairs, (rows, 128)).to(tl.float8e4nv, bitcast=True)
+    if not Q_FP8:
+        keys = keys.to(WIDE)
+    return keys
+
+
+@triton.jit
+def _lowered(bits, lowered):
+    return tl.where((bits & 0x7F) != 0, bits - lowered, bits)
+
+
 @triton.jit
 def _split4(x):
     # [BLOCK_N, 4] -> four [BLOCK_N] columns.
@@ -168,9 +270,16 @@ def _split4(x):
 
 
 @triton.jit
+def relu(x):
+    """max(x, 0) keeping NaN, as torch's relu (a NaN key or scale code poisons its score, as in
+    the reference); tl.maximum's default returns the other operand."""
+    return tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def weighted_relu_sum(scores, w, NEXT_N: tl.constexpr, HP: tl.constexpr):
     """[BLOCK_N, NEXT_N * HP] scores, [NEXT_N * HP] weights -> [BLOCK_N, NEXT_N] logits."""
-    s = tl.maximum(scores, 0.0) * w[None, :]
+    s = relu(scores) * w[None, :]
     return tl.sum(tl.reshape(s, (s.shape[0], NEXT_N, HP)), axis=2)
 
 

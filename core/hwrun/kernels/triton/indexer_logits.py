@@ -20,7 +20,9 @@ from hwrun.kernels.triton.index_key_tiles import (
     load_query_fp8_keys,
     load_query_group,
     mxfp4_key_scores,
+    mxfp4_key_scores_folded,
     padded_heads,
+    relu,
     weighted_relu_sum,
     wide_dtype,
 )
@@ -54,6 +56,7 @@ def _paged_logits_kernel(
     WIDE: tl.constexpr,
     STEP: tl.constexpr,
     SPLITS,
+    FOLD: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -65,9 +68,9 @@ def _paged_logits_kernel(
     q_rows = (b * NEXT_N + row_i) * H + head
     q_base = q_ptr
     w = tl.load(w_ptr + q_rows, mask=m_mask, other=0.0)
-    if FMT == 0:
+    if FMT == 0 or FOLD:
         qt = load_query_fp8_keys(q_base, q_rows, m_mask, 128, Q_FP8, WIDE)
-    else:
+    if FMT != 0:
         q0 = load_query_group(q_base, q_rows, m_mask, 0, 128, Q_FP8, WIDE)
         q1 = load_query_group(q_base, q_rows, m_mask, 1, 128, Q_FP8, WIDE)
         q2 = load_query_group(q_base, q_rows, m_mask, 2, 128, Q_FP8, WIDE)
@@ -95,6 +98,10 @@ def _paged_logits_kernel(
         scale_rows = page + BLOCK_SIZE * ELEM_BYTES + in_block * 4
         if FMT == 0:
             scores = fp8_key_scores(elem_rows, scale_rows, n_mask, qt, Q_FP8, WIDE)
+        elif FOLD:
+            scores = mxfp4_key_scores_folded(
+                elem_rows, scale_rows, n_mask, qt, q0, q1, q2, q3, Q_FP8, WIDE
+            )
         else:
             scores = mxfp4_key_scores(elem_rows, scale_rows, n_mask, q0, q1, q2, q3, Q_FP8, WIDE)
         logits = weighted_relu_sum(scores, w, NP, HP)
@@ -136,7 +143,11 @@ def logits_paged(
     num_warps: int = 4,
     num_stages: int = 4,
     step: int = 1,
+    fold_groups: bool = False,
 ) -> torch.Tensor:  # [B * n, max_ctx] float32, -inf past each row's length
+    """``fold_groups`` (mxfp4 keys): one K=128 product per key tile with the groups' powers of
+    two folded into the e4m3 codes, where exact (index_key_tiles.mxfp4_key_scores_folded);
+    not yet timed on a GPU, so off by default."""
     B, n = q.shape[0], q.shape[1]
     H = _check_common(q, weights, fmt, B * n, "logits_paged")
     code, elem_bytes, scale_bytes = KEY_FORMATS[fmt]
@@ -193,6 +204,7 @@ def logits_paged(
         WIDE=wide_dtype(),
         STEP=step,
         SPLITS=splits,
+        FOLD=fold_groups and code == FMT_MXFP4,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -219,6 +231,7 @@ def _ragged_logits_kernel(
     FMT: tl.constexpr,
     Q_FP8: tl.constexpr,
     WIDE: tl.constexpr,
+    FOLD: tl.constexpr,
 ):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n64 = n.to(tl.int64)
@@ -245,10 +258,16 @@ def _ragged_logits_kernel(
                     q1 = load_query_group(q_ptr, q_rows, h_mask, 1, 128, Q_FP8, WIDE)
                     q2 = load_query_group(q_ptr, q_rows, h_mask, 2, 128, Q_FP8, WIDE)
                     q3 = load_query_group(q_ptr, q_rows, h_mask, 3, 128, Q_FP8, WIDE)
-                    scores = mxfp4_key_scores(
-                        elem_rows, scale_rows, inside, q0, q1, q2, q3, Q_FP8, WIDE
-                    )
-                logits = tl.sum(tl.maximum(scores, 0.0) * w[None, :], axis=1)
+                    if FOLD:
+                        qt = load_query_fp8_keys(q_ptr, q_rows, h_mask, 128, Q_FP8, WIDE)
+                        scores = mxfp4_key_scores_folded(
+                            elem_rows, scale_rows, inside, qt, q0, q1, q2, q3, Q_FP8, WIDE
+                        )
+                    else:
+                        scores = mxfp4_key_scores(
+                            elem_rows, scale_rows, inside, q0, q1, q2, q3, Q_FP8, WIDE
+                        )
+                logits = tl.sum(relu(scores) * w[None, :], axis=1)
                 logits = tl.where(inside, logits, float("-inf"))
             else:
                 logits = tl.full((BLOCK_N,), float("-inf"), tl.float32)
@@ -266,7 +285,9 @@ def logits_ragged(
     block_n: int = 64,
     rows: int = 4,
     num_warps: int = 4,
+    fold_groups: bool = False,
 ) -> torch.Tensor:  # [M, N] float32, -inf outside [ks, ke)
+    """``fold_groups``: as for :func:`logits_paged`."""
     M = q.shape[0]
     H = _check_common(q, weights, fmt, M, "logits_ragged")
     code, elem_bytes, scale_bytes = KEY_FORMATS[fmt]
@@ -303,6 +324,7 @@ def logits_ragged(
         FMT=code,
         Q_FP8=q.dtype == torch.float8_e4m3fn,
         WIDE=wide_dtype(),
+        FOLD=fold_groups and code == FMT_MXFP4,
         num_warps=num_warps,
     )
     return out
