@@ -158,6 +158,40 @@ def profile_shares(runner: ModelRunner, batch: int, context: int, steps: int) ->
     return shares
 
 
+def kernels_by_name(prof) -> dict[str, list[float]]:
+    """A torch profiler's CUDA kernels by name: [microseconds, launches]."""
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = kernels.setdefault(event.name, [0.0, 0])
+            entry[0] += event.device_time
+            entry[1] += 1
+    return kernels
+
+
+def add_format_args(parser: argparse.ArgumentParser, index_query_dtype: str = "fp8") -> None:
+    """The engine's cache, key, query and linear formats as flags (the H200 benches' defaults:
+    fp8_ds_mla latents, fp8 keys)."""
+    parser.add_argument("--kv-cache-dtype", default="fp8_ds_mla")
+    parser.add_argument("--index-dtype", default="fp8")
+    parser.add_argument(
+        "--index-query-dtype",
+        default=index_query_dtype,
+        help="fp8 as DeepSeek's inference code (DeepGEMM)",
+    )
+    parser.add_argument(
+        "--linear-activation-dtype",
+        default="bf16",
+        help="fp8: the block-FP8 linears as DeepSeek's inference code (dense.linear_a8w8)",
+    )
+
+
+def format_options(args: argparse.Namespace) -> dict:
+    """EngineConfig's platform and format fields from :func:`add_format_args`' flags."""
+    names = ("platform", "kv_cache_dtype", "index_dtype", "index_query_dtype")
+    return {name: getattr(args, name) for name in (*names, "linear_activation_dtype")}
+
+
 def kernel_profile(
     runner: ModelRunner, batch: int, context: int, steps: int, top: int = 30
 ) -> list[dict]:
@@ -168,12 +202,7 @@ def kernel_profile(
     time_decode(runner, batch, context, 2)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         time_decode(runner, batch, context, steps - 3)  # time_decode adds 3 warm-up steps
-    kernels: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = kernels.setdefault(event.name, [0.0, 0])
-            entry[0] += event.device_time
-            entry[1] += 1
+    kernels = kernels_by_name(prof)
     rows = [
         {"kernel": name[:120], "us_per_step": us / steps, "launches_per_step": n / steps}
         for name, (us, n) in kernels.items()
@@ -199,16 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--platform", default="nvidia")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--context", type=int, nargs="+", default=[32768, 131072])
-    parser.add_argument("--kv-cache-dtype", default="fp8_ds_mla")
-    parser.add_argument("--index-dtype", default="fp8")
-    parser.add_argument(
-        "--index-query-dtype", default="fp8", help="fp8 as DeepSeek's inference code (DeepGEMM)"
-    )
-    parser.add_argument(
-        "--linear-activation-dtype",
-        default="bf16",
-        help="fp8: the block-FP8 linears as DeepSeek's inference code (dense.linear_a8w8)",
-    )
+    add_format_args(parser)
     parser.add_argument("--topk", type=int, default=None, help="override index_topk (0: dense)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--no-cuda-graphs", action="store_true")
@@ -230,11 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         runner = build_model_runner(
             EngineConfig(
                 model=str(model),
-                platform=args.platform,
-                kv_cache_dtype=args.kv_cache_dtype,
-                index_dtype=args.index_dtype,
-                index_query_dtype=args.index_query_dtype,
-                linear_activation_dtype=args.linear_activation_dtype,
+                **format_options(args),
                 max_model_len=context + args.steps + 4,
                 max_num_seqs=max(args.batch),
                 num_kv_tokens=tokens,

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_decode import fill_cache
+from engine_decode import add_format_args, fill_cache, format_options, kernels_by_name
 
 from hwrun.engine.batch import ScheduledChunk
 from hwrun.engine.config import EngineConfig
@@ -64,12 +64,7 @@ def kernel_table(runner, chunks, top: int) -> tuple[float, list[dict]]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         runner.execute(chunks)
         torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = kernels.setdefault(event.name, [0.0, 0])
-            entry[0] += event.device_time
-            entry[1] += 1
+    kernels = kernels_by_name(prof)
     rows = [{"kernel": n[:120], "us": us, "launches": c} for n, (us, c) in kernels.items()]
     rows.sort(key=lambda r: -r["us"])
     return sum(r["us"] for r in rows), rows[:top]
@@ -82,10 +77,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--chunk", type=int, default=8192, help="prompt tokens in the step")
     parser.add_argument("--seqs", type=int, default=1, help="sequences sharing them")
     parser.add_argument("--context", type=int, nargs="+", default=[0, 32768])
-    parser.add_argument("--kv-cache-dtype", default="fp8_ds_mla")
-    parser.add_argument("--index-dtype", default="fp8")
-    parser.add_argument("--index-query-dtype", default="fp8")
-    parser.add_argument("--linear-activation-dtype", default="bf16")
+    add_format_args(parser)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--top", type=int, default=25, help="kernels listed")
     parser.add_argument("--json", help="write the rows here")
@@ -97,11 +89,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     runner = build_model_runner(
         EngineConfig(
             model=args.model,
-            platform=args.platform,
-            kv_cache_dtype=args.kv_cache_dtype,
-            index_dtype=args.index_dtype,
-            index_query_dtype=args.index_query_dtype,
-            linear_activation_dtype=args.linear_activation_dtype,
+            **format_options(args),
             max_model_len=max(args.context) + length + 64,
             max_num_seqs=args.seqs,
             max_num_batched_tokens=args.chunk,

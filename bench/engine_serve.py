@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_decode import copy_bandwidth, step_bytes
+from engine_decode import add_format_args, copy_bandwidth, format_options, step_bytes
 
 from hwrun.engine.async_engine import AsyncEngine
 from hwrun.engine.config import EngineConfig
@@ -179,11 +179,7 @@ async def run_load(engine, args, rate: float, concurrency: int, seed: int) -> di
 async def main_async(args) -> list[dict]:
     config = EngineConfig(
         model=args.model,
-        platform=args.platform,
-        kv_cache_dtype=args.kv_cache_dtype,
-        index_dtype=args.index_dtype,
-        index_query_dtype=args.index_query_dtype,
-        linear_activation_dtype=args.linear_activation_dtype,
+        **format_options(args),
         max_model_len=args.input_len + args.output_len + 8,
         max_num_seqs=max(args.concurrency),
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -244,10 +240,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--rate", type=float, nargs="+", default=[math.inf])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64])
-    parser.add_argument("--kv-cache-dtype", default="fp8_ds_mla")
-    parser.add_argument("--index-dtype", default="fp8")
-    parser.add_argument("--index-query-dtype", default="bf16")
-    parser.add_argument("--linear-activation-dtype", default="bf16")
+    add_format_args(parser, index_query_dtype="bf16")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument(
         "--warmup",

@@ -82,12 +82,8 @@ def _use_ptx_unpack() -> bool:
 # a shift and a mask. The arithmetic version (_e2m1_as_e4m3_bits) costs ~6x more issue slots,
 # which made the mxfp4 kernel instruction-bound (ncu: 72% SM busy, 10% DRAM) on the H200.
 UNPACK_PTX = tl.constexpr(_use_ptx_unpack())
-_UNPACK_ASM = tl.constexpr(
-    """
-{
-.reg .b32 t, s, sel, m, g, la, lb;
-mov.b32 la, 0x3C383000;
-mov.b32 lb, 0x4C484440;
+# $2: 4 packed bytes; $0 / $1: the e4m3 codes of their low / high nibbles; la, lb: the table.
+_UNPACK_BODY = """
 and.b32 t, $2, 0x07070707;
 shr.b32 s, t, 4;
 or.b32 s, s, t;
@@ -112,6 +108,27 @@ and.b32 g, $2, 0x80808080;
 or.b32 $1, m, g;
 }
 """
+_UNPACK_ASM = tl.constexpr(
+    """
+{
+.reg .b32 t, s, sel, m, g, la, lb;
+mov.b32 la, 0x3C383000;
+mov.b32 lb, 0x4C484440;"""
+    + _UNPACK_BODY
+)
+# The same with every nonzero code of the table lowered by $3 (4 equal bytes: a group's shift
+# times 8, the exponent field's place): no borrow crosses a byte, the smallest nonzero code
+# (0x30) minus at most MAX_FOLD * 8 staying positive.
+_UNPACK_LOWERED_ASM = tl.constexpr(
+    """
+{
+.reg .b32 t, s, sel, m, g, la, lb, z;
+and.b32 z, $3, 0xFFFFFF00;
+mov.b32 la, 0x3C383000;
+sub.u32 la, la, z;
+mov.b32 lb, 0x4C484440;
+sub.u32 lb, lb, $3;"""
+    + _UNPACK_BODY
 )
 
 
@@ -188,42 +205,6 @@ def mxfp4_key_scores_folded(
     return acc
 
 
-_UNPACK_LOWERED_ASM = tl.constexpr(
-    """
-{
-.reg .b32 t, s, sel, m, g, la, lb, z;
-and.b32 z, $3, 0xFFFFFF00;
-mov.b32 la, 0x3C383000;
-sub.u32 la, la, z;
-mov.b32 lb, 0x4C484440;
-sub.u32 lb, lb, $3;
-and.b32 t, $2, 0x07070707;
-shr.b32 s, t, 4;
-or.b32 s, s, t;
-and.b32 sel, s, 0xFF;
-shr.b32 s, s, 8;
-and.b32 s, s, 0xFF00;
-or.b32 sel, sel, s;
-prmt.b32 m, la, lb, sel;
-shl.b32 g, $2, 4;
-and.b32 g, g, 0x80808080;
-or.b32 $0, m, g;
-shr.b32 t, $2, 4;
-and.b32 t, t, 0x07070707;
-shr.b32 s, t, 4;
-or.b32 s, s, t;
-and.b32 sel, s, 0xFF;
-shr.b32 s, s, 8;
-and.b32 s, s, 0xFF00;
-or.b32 sel, sel, s;
-prmt.b32 m, la, lb, sel;
-and.b32 g, $2, 0x80808080;
-or.b32 $1, m, g;
-}
-"""
-)
-
-
 @triton.jit
 def _mxfp4_folded(elem_rows, n_mask, shift, Q_FP8: tl.constexpr, WIDE: tl.constexpr):
     """A key tile's 128 elements as e4m3 codes, group g's lowered by ``shift[:, g]`` (exponent
@@ -235,8 +216,6 @@ def _mxfp4_folded(elem_rows, n_mask, shift, Q_FP8: tl.constexpr, WIDE: tl.conste
     lowered = tl.reshape(tl.broadcast_to((shift * 8)[:, :, None], (rows, 4, 16)), (rows, 64))
     lowered = lowered.to(tl.uint8)
     if UNPACK_PTX:
-        # The table of _UNPACK_ASM with every nonzero code lowered: no borrow crosses a byte
-        # (the smallest nonzero code, 0x30, minus at most 5 * 8).
         lo, hi = tl.inline_asm_elementwise(
             _UNPACK_LOWERED_ASM,
             "=r,=r,r,r",
