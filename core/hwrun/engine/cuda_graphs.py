@@ -73,12 +73,14 @@ class DecodeGraphs:
             self.input_ids[:batch], self.positions[:batch], self.slots[:batch], decode, None, rows
         )
 
-    def _pad(self, start: int) -> None:
-        self.input_ids[start:] = 0
-        self.positions[start:] = 0
-        self.slots[start:] = -1
-        self.block_table[start:] = -1
-        self.context_lens[start:] = 0
+    def _pad(self, start: int, end: int | None = None) -> None:
+        """Rows ``[start, end)`` as padding (write nothing, attend nothing)."""
+        rows = slice(start, end)
+        self.input_ids[rows] = 0
+        self.positions[rows] = 0
+        self.slots[rows] = -1
+        self.block_table[rows] = -1
+        self.context_lens[rows] = 0
 
     def capture(self) -> None:
         """Capture every bucket, largest first, sharing one memory pool."""
@@ -113,7 +115,8 @@ class DecodeGraphs:
         may be a tensor on the device (copied there, never through the host)."""
         batch = len(positions)
         bucket = next(b for b in self.buckets if b >= batch)
-        self._pad(batch)
+        if batch < bucket:  # only the bucket's rows are read: five fills fewer when it is full
+            self._pad(batch, bucket)
         on_device = isinstance(input_ids, torch.Tensor)
         # One copy for the per-row values: each host-to-device copy costs microseconds.
         host_rows = [positions, slots] if on_device else [positions, slots, input_ids]
