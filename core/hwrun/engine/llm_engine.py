@@ -10,6 +10,13 @@ batches) and :mod:`hwrun.engine.async_engine` (the server) drive it. One :meth:`
    logprobs, samples the next token of every sequence whose prompt is done, detokenizes it and
    checks the stop conditions: eos (unless ``ignore_eos``), ``stop_token_ids``, stop strings,
    ``max_tokens``, ``max_model_len``. A finished sequence frees its blocks.
+
+With ``async_scheduling``, a step of greedy decodes (no logprobs) is read after the next step of
+the same sequences has been launched: its tokens stay on the device as the sampler's argmax, the
+scheduler makes the following step ahead (``Scheduler.schedule_ahead``, which leaves out the
+sequences ending by length) and the runner takes those tokens as its input ids, so the host's
+work of step 3 overlaps the device's next step. That step is the next :meth:`LLMEngine.step`;
+its rows of sequences that ended meanwhile (eos, a stop, an abort) are dropped.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 import torch
 
 from hwrun.engine import sampler
+from hwrun.engine.batch import ChunkLogits, ScheduledChunk
 from hwrun.engine.block_manager import BlockManager
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.errors import PromptError
@@ -49,8 +57,8 @@ class _Launched:
     scheduling only)."""
 
     seqs: list[Sequence]
-    chunks: list
-    results: list
+    chunks: list[ScheduledChunk]
+    results: list[ChunkLogits]
     tokens: torch.Tensor | None
 
 
@@ -193,8 +201,8 @@ class LLMEngine:
         """Run one scheduled batch; the outputs of the requests that sampled a token.
 
         With async scheduling, a step of greedy decodes launches the next step of the same
-        sequences before reading its own tokens (the module doc); that step is this method's
-        next call."""
+        sequences before its own tokens are read (the module's docstring); that step is this
+        method's next call."""
         launched, self._ahead = self._ahead, None
         if launched is None:
             step = self.scheduler.schedule()
@@ -207,7 +215,10 @@ class LLMEngine:
         return self._sample(launched)
 
     def _launch(
-        self, seqs: list[Sequence], chunks: list, input_ids: torch.Tensor | None = None
+        self,
+        seqs: list[Sequence],
+        chunks: list[ScheduledChunk],
+        input_ids: torch.Tensor | None = None,
     ) -> _Launched:
         if input_ids is None:
             results = self.runner.execute(chunks)
