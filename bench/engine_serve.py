@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--async-scheduling",
         action="store_true",
-        help="launch each greedy decode step before the previous one's tokens reach the host",
+        help="launch each decode step before the previous one's tokens reach the host",
     )
     parser.add_argument(
         "--step-clock",

@@ -1,4 +1,4 @@
-"""Async scheduling: a step of greedy decodes launches the next step before its own tokens
+"""Async scheduling: a step of decodes launches the next step before its own tokens
 reach the host (the runner takes them as a device tensor). It must give exactly the tokens of
 the synchronous engine: a sequence that ends where no one could foresee it (eos, a stop token)
 has its row of the step launched ahead dropped, one that ends by length is not launched ahead,
@@ -55,14 +55,18 @@ def test_an_unforeseen_eos_drops_its_row_of_the_step_launched_ahead():
     assert computed[-2].start == len(prompt) + free_run.index(eos) - 1
 
 
-def test_sampled_requests_are_never_launched_ahead():
+def test_sampled_requests_and_logprobs_launched_ahead():
+    """Seeded sampling draws from each request's generator once per token, at launch instead of
+    at read: the same tokens; logprobs come from the kept logits at read."""
     params = [
-        SamplingParams(temperature=0.8, seed=1, max_tokens=6),
-        SamplingParams(temperature=0, max_tokens=6),
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1, max_tokens=6, logprobs=3),
+        SamplingParams(temperature=0, max_tokens=6, logprobs=2),
+        SamplingParams(temperature=1.2, min_p=0.05, seed=7, max_tokens=8),
     ]
-    (sync, _), (ahead, runner) = _both([[1, 2, 3], [4, 5]], params)
+    (sync, _), (ahead, runner) = _both([[1, 2, 3], [4, 5], [6]], params)
     assert tokens_of(ahead) == tokens_of(sync)
-    assert runner.ahead_steps == 0  # every step holds the sampled request
+    assert [out.outputs[0].logprobs for out in ahead] == [out.outputs[0].logprobs for out in sync]
+    assert runner.ahead_steps > 0
 
 
 def test_abort_and_arrival_between_steps():

@@ -147,7 +147,7 @@ def engine_flags(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--async-scheduling",
             is_flag=True,
-            help="Launch each greedy decode step before the previous one's tokens reach the "
+            help="Launch each decode step before the previous one's tokens reach the "
             "host, so scheduling, sampling and outputs overlap the device (one process only).",
         ),
     ]

@@ -44,7 +44,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     batch_invariant: bool = False
     cuda_graphs: bool = True  # capture decode steps per batch bucket (CUDA, graph-safe ops only)
-    # Launch the next decode step before the current one's tokens reach the host (greedy decode
+    # Launch the next decode step before the current one's tokens reach the host (decode
     # steps, one process): the host's scheduling, sampling and outputs overlap the device's work.
     async_scheduling: bool = False
     # torch intra-op threads while the model runs on a CPU. One by default: a step is hundreds of

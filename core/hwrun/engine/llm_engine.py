@@ -11,9 +11,9 @@ batches) and :mod:`hwrun.engine.async_engine` (the server) drive it. One :meth:`
    checks the stop conditions: eos (unless ``ignore_eos``), ``stop_token_ids``, stop strings,
    ``max_tokens``, ``max_model_len``. A finished sequence frees its blocks.
 
-With ``async_scheduling``, a step of greedy decodes (no logprobs) is read after the next step of
-the same sequences has been launched: its tokens stay on the device as the sampler's argmax, the
-scheduler makes the following step ahead (``Scheduler.schedule_ahead``, which leaves out the
+With ``async_scheduling``, a step of decodes is read after the next step of the same sequences
+has been launched: its tokens are sampled on the device and stay there, the scheduler makes the
+following step ahead (``Scheduler.schedule_ahead``, which leaves out the
 sequences ending by length) and the runner takes those tokens as its input ids, so the host's
 work of step 3 overlaps the device's next step. That step is the next :meth:`LLMEngine.step`;
 its rows of sequences that ended meanwhile (eos, a stop, an abort) are dropped.
@@ -53,8 +53,7 @@ TOKENIZER_FROM_CHECKPOINT: Any = object()  # default of tokenizer=: load the che
 @dataclass
 class _Launched:
     """A step whose device work is queued: its sequences, chunks and the runner's results, and
-    its tokens as a device tensor when every row decodes greedily without logprobs (async
-    scheduling only)."""
+    its tokens, sampled on the device, when it is a step of decodes (async scheduling only)."""
 
     seqs: list[Sequence]
     chunks: list[ScheduledChunk]
@@ -200,7 +199,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduled batch; the outputs of the requests that sampled a token.
 
-        With async scheduling, a step of greedy decodes launches the next step of the same
+        With async scheduling, a step of decodes launches the next step of the same
         sequences before its own tokens are read (the module's docstring); that step is this
         method's next call."""
         launched, self._ahead = self._ahead, None
@@ -225,15 +224,14 @@ class LLMEngine:
         else:
             results = self.runner.execute(chunks, input_ids=input_ids)
         tokens = None
-        # A step of greedy decodes without logprobs: its tokens as a device tensor, so the next
-        # step can be launched before they reach the host. The same argmax as the sampler's.
-        if self.async_scheduling and all(
-            chunk.is_decode and chunk.needs_logits and seq.params.greedy
-            and seq.params.logprobs is None
-            for seq, chunk in zip(seqs, chunks, strict=True)
-        ):  # fmt: skip
+        # A step of decodes: its tokens sampled now, left on the device, so the next step can
+        # be launched before they reach the host (each request's generator draws in the same
+        # order as when sampled at read time).
+        if self.async_scheduling and all(c.is_decode and c.needs_logits for c in chunks):
             rows = torch.stack([result.logits[-1] for result in results])
-            tokens = torch.argmax(rows.float(), dim=-1)
+            tokens = sampler.sample_on_device(
+                rows, [seq.params for seq in seqs], [seq.generator(rows.device) for seq in seqs]
+            )
         return _Launched(seqs, chunks, results, tokens)
 
     def _record(self, launched: _Launched) -> None:
@@ -281,7 +279,9 @@ class LLMEngine:
         if launched.tokens is not None:
             all_tokens = launched.tokens.tolist()
             tokens = [all_tokens[row] for row, _, _ in due]
-            logprobs: list = [None] * len(due)
+            logprobs = sampler.token_logprobs(
+                [logits for _, _, logits in due], tokens, [seq.params for _, seq, _ in due]
+            )
         else:
             logits = torch.stack([logits for _, _, logits in due])
             tokens, logprobs = sampler.sample(

@@ -47,11 +47,17 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
 def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     """One token from ``logits`` ``[V]`` float32."""
+    return int(_row_token(logits, params, generator))
+
+
+def _row_token(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> torch.Tensor:  # 0-dim int64 on logits' device: nothing is read back
     if params.greedy:
-        return int(torch.argmax(logits))
+        return torch.argmax(logits)
     probs = filtered_probs(logits, params)
     race = torch.empty_like(probs).exponential_(generator=generator)
-    return int(torch.argmax(probs / race))
+    return torch.argmax(probs / race)
 
 
 def top_logprobs(logprobs: torch.Tensor, token_id: int, num: int) -> Logprobs:
@@ -74,21 +80,36 @@ def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
 ) -> tuple[list[int], list[Logprobs | None]]:
     """Next token of each row of ``logits`` ``[R, V]``, and its logprobs where asked for."""
+    tokens = sample_on_device(logits, params, generators).tolist()
+    return tokens, token_logprobs(logits, tokens, params)
+
+
+def sample_on_device(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
+) -> torch.Tensor:
+    """Next token of each row of ``logits`` ``[R, V]`` as an int64 tensor on their device,
+    nothing read back (the engine's async scheduling feeds it to the next step): each request's
+    generator draws here, once per token, as :func:`sample` does."""
     logits = logits.float()
-    # Argmax is exact (a max, no rounding), so the greedy rows take one argmax and one copy to
-    # the host without depending on their batch.
-    greedy = torch.argmax(logits, dim=-1).tolist()
-    tokens: list[int] = []
-    logprobs: list[Logprobs | None] = []
+    # Argmax is exact (a max, no rounding), so the greedy rows take one argmax over the batch
+    # without depending on it.
+    tokens = torch.argmax(logits, dim=-1)
     for i, (row, row_params) in enumerate(zip(logits, params, strict=True)):
-        token = greedy[i] if row_params.greedy else sample_row(row, row_params, generators[i])
-        tokens.append(token)
-        if row_params.logprobs is None:
-            logprobs.append(None)
-        else:
-            row_logprobs = torch.log_softmax(row, dim=-1)
-            logprobs.append(top_logprobs(row_logprobs, token, row_params.logprobs))
-    return tokens, logprobs
+        if not row_params.greedy:
+            tokens[i] = _row_token(row, row_params, generators[i])
+    return tokens
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: list[int], params: list[SamplingParams]
+) -> list[Logprobs | None]:
+    """The logprobs of each row's chosen token where its request asks for them."""
+    return [
+        None
+        if row_params.logprobs is None
+        else top_logprobs(torch.log_softmax(row.float(), dim=-1), token, row_params.logprobs)
+        for row, token, row_params in zip(logits, tokens, params, strict=True)
+    ]
 
 
 def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int], num: int) -> list[Logprobs]:
