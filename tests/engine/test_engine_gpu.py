@@ -170,15 +170,19 @@ def test_batch_invariant_mode_on_the_gpu(plugins, checkpoint):
 
 def test_async_scheduling_gives_the_synchronous_tokens_on_the_gpu(plugins, checkpoint):
     """Decode steps launched ahead through the captured graphs, their token ids copied from the
-    previous step's device argmax: the same tokens as the synchronous engine. Lengths end the
-    requests (ignore_eos), so both runs batch the same rows into the same graph buckets and run
-    the same kernels on the same data."""
+    previous step's tokens sampled on the device: the same tokens as the synchronous engine.
+    Lengths end the requests (ignore_eos), so both runs batch the same rows into the same graph
+    buckets and run the same kernels on the same data."""
     flags = dict(model=str(checkpoint.path), platform="nvidia", num_kv_tokens=64 * 64)
     flags |= dict(max_model_len=1024, max_num_seqs=16, kv_cache_dtype="fp8_ds_mla")
     gen = torch.Generator().manual_seed(4)
     # 13 sequences in the 16-row bucket: three padding rows in every replay
     prompts = [torch.randint(2, 128, (int(n),), generator=gen).tolist() for n in range(20, 33)]
-    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    # greedy, and seeded sampling (its draws happen at launch instead of at read)
+    params = [
+        SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8 * (i % 2), seed=i)
+        for i in range(len(prompts))
+    ]
     tokens = []
     for async_scheduling in (False, True):
         config = dict(flags, async_scheduling=async_scheduling)
