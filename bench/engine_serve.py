@@ -247,7 +247,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         type=int,
         default=None,
         help="requests (4 output tokens each, all at once) run before the measured ones and not "
-        "reported (default: the largest --concurrency; 0: none)",
+        "reported (default: the largest --concurrency; 0: none). Use at least 2: steps that mix "
+        "one request's decode with another's prefill chunk have row counts a lone request never "
+        "makes, and their first compiles would otherwise land in the measurement",
     )
     parser.add_argument(
         "--async-scheduling",
