@@ -79,7 +79,7 @@ def linear_a8w8(
     :raises ValueError: every reason at once: ``dense.linear``'s, a format outside
         A8W8_WEIGHT_FORMATS, C not a multiple of 128.
     """
-    check_linear_args(x, weight, op="dense.linear_a8w8", formats=A8W8_WEIGHT_FORMATS)
+    check_linear_a8w8_args(x, weight)
     return _rows_times(quantize_activations(x, weight.format), weight).to(x.dtype)
 
 
@@ -100,15 +100,22 @@ def _rows_times(xf: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:  # [
     return out
 
 
+def check_linear_a8w8_args(x: torch.Tensor, weight: QuantizedWeight) -> None:
+    """:func:`check_linear_args` for ``dense.linear_a8w8``: block-FP8 weights, whole groups of
+    128 columns."""
+    check_linear_args(x, weight, "dense.linear_a8w8", A8W8_WEIGHT_FORMATS, whole_groups=True)
+
+
 def check_linear_args(
     x: torch.Tensor,
     weight: QuantizedWeight,
     op: str = "dense.linear",
     formats: tuple[str, ...] = LINEAR_WEIGHT_FORMATS,
+    whole_groups: bool = False,
 ) -> None:
-    """Every reason ``x`` and ``weight`` cannot be an ``op`` call (``dense.linear``, or
-    ``dense.linear_a8w8`` with its ``formats``), raised at once (shapes, formats and devices only:
-    nothing here reads a device value)."""
+    """Every reason ``x`` and ``weight`` cannot be an ``op`` call (``formats``: its weight
+    formats; ``whole_groups``: C must be a multiple of 128), raised at once (shapes, formats and
+    devices only: nothing here reads a device value)."""
     if not isinstance(weight, QuantizedWeight):
         raise ValueError(
             f"{op}: weight must be a QuantizedWeight [R, C], got {type(weight).__name__}; "
@@ -130,7 +137,7 @@ def check_linear_args(
         )
     if weight.format not in formats:
         problems.append(f"weight ({weight.name}) is {weight.format}; {op} takes {list(formats)}")
-    if formats is A8W8_WEIGHT_FORMATS and len(weight.shape) == 2 and weight.shape[1] % BLOCK:
+    if whole_groups and len(weight.shape) == 2 and weight.shape[1] % BLOCK:
         problems.append(
             f"C = {weight.shape[1]} must be a multiple of {BLOCK} (the activations are quantized "
             f"in groups of {BLOCK}); run this weight through dense.linear"

@@ -51,7 +51,7 @@ from hwrun.kernels.triton.activation_quant import quantize_activations
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, weight_tile
-from hwrun.ops.linear import A8W8_WEIGHT_FORMATS, check_linear_args
+from hwrun.ops.linear import check_linear_a8w8_args, check_linear_args
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 
 DECODE_ROWS = 64  # up to this many rows the op is memory-bound: decode tiles, split K
@@ -300,7 +300,7 @@ def linear_a8w8(
     """The contract of ``hwrun.ops.linear.linear_a8w8``: ``x`` quantized by
     activation_quant.py's kernel, then the GEMM over e4m3 codes on both sides (two launches,
     three with a split K; shape checks only)."""
-    check_linear_args(x, weight, op="dense.linear_a8w8", formats=A8W8_WEIGHT_FORMATS)
+    check_linear_a8w8_args(x, weight)
     if tiles is None:
         # one activation scale per K step (the GPU defaults already step 128 columns)
         tiles = replace(_tiles_for(x, weight, None), block_k=FP8_BLOCK)
