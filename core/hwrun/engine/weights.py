@@ -36,7 +36,7 @@ import torch
 from hwrun.checkpoint.safetensors_reader import CheckpointError, SafetensorsCheckpoint
 from hwrun.engine.linears import Fp32Linear, FusedLinear, Linear
 from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
-from hwrun.formats.e8m0 import encode_e8m0
+from hwrun.formats.e8m0 import decode_e8m0, encode_e8m0
 from hwrun.formats.fp8 import dequantize_fp8_block128
 from hwrun.ops.indexer import INDEX_HEAD_DIM
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
@@ -155,13 +155,10 @@ class _Loader:
         anything else in ``dtype`` (default the compute dtype)."""
         if dtype is None and self.is_fp8(name):
             weight = self.quantized([name], name)
-            if self.config.fp8_scale_fmt == "ue8m0" and _powers_of_two(weight.scales):
+            codes = _e8m0_exactly(weight.scales) if self.config.fp8_scale_fmt == "ue8m0" else None
+            if codes is not None:
                 weight = QuantizedWeight(
-                    "fp8_block128_ue8m0",
-                    weight.shape,
-                    weight.data,
-                    encode_e8m0(weight.scales),
-                    name=weight.name,
+                    "fp8_block128_ue8m0", weight.shape, weight.data, codes, name=weight.name
                 )
             return Linear(weight)
         return Linear(self.dense(name, dtype))
@@ -294,11 +291,14 @@ def load_weights(
     )
 
 
-def _powers_of_two(scales: torch.Tensor) -> bool:
-    """Every fp32 scale a normal power of two (what e8m0 codes hold exactly)."""
-    bits = scales.float().contiguous().view(torch.int32)
-    exponent = (bits >> 23) & 0xFF
-    return bool(((bits & 0x7FFFFF) == 0).all() and ((exponent > 0) & (exponent < 255)).all())
+def _e8m0_exactly(scales: torch.Tensor) -> torch.Tensor | None:
+    """The e8m0 codes of fp32 ``scales`` when they hold every scale exactly (each a power of
+    two e8m0 reaches), else None."""
+    try:
+        codes = encode_e8m0(scales.float().contiguous())
+    except ValueError:  # a scale that is not a power of two
+        return None
+    return codes if torch.equal(decode_e8m0(codes), scales.float()) else None
 
 
 def _load_layer(loader: _Loader, index: int) -> LayerWeights:
