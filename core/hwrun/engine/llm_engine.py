@@ -13,10 +13,10 @@ batches) and :mod:`hwrun.engine.async_engine` (the server) drive it. One :meth:`
 
 With ``async_scheduling``, a step of decodes is read after the next step of the same sequences
 has been launched: its tokens are sampled on the device and stay there, the scheduler makes the
-following step ahead (``Scheduler.schedule_ahead``, which leaves out the
-sequences ending by length) and the runner takes those tokens as its input ids, so the host's
-work of step 3 overlaps the device's next step. That step is the next :meth:`LLMEngine.step`;
-its rows of sequences that ended meanwhile (eos, a stop, an abort) are dropped.
+following step ahead (``Scheduler.schedule_ahead``, which leaves out the sequences ending by
+length) and the runner takes those tokens as its input ids, so the host's work of point 3
+overlaps the device's next step. That step is the next :meth:`LLMEngine.step`; its rows of
+sequences that ended meanwhile (eos, a stop, an abort) are dropped.
 """
 
 from __future__ import annotations
@@ -276,19 +276,15 @@ class LLMEngine:
         ]
         if not due:
             return []
-        if launched.tokens is not None:
-            all_tokens = launched.tokens.tolist()
-            tokens = [all_tokens[row] for row, _, _ in due]
-            logprobs = sampler.token_logprobs(
-                [logits for _, _, logits in due], tokens, [seq.params for _, seq, _ in due]
-            )
-        else:
-            logits = torch.stack([logits for _, _, logits in due])
-            tokens, logprobs = sampler.sample(
-                logits,
-                [seq.params for _, seq, _ in due],
-                [seq.generator(logits.device) for _, seq, _ in due],
-            )
+        rows = [logits for _, _, logits in due]
+        params = [seq.params for _, seq, _ in due]
+        if launched.tokens is None:  # sampled now
+            generators = [seq.generator(rows[0].device) for _, seq, _ in due]
+            tokens, logprobs = sampler.sample(torch.stack(rows), params, generators)
+        else:  # sampled at launch (async scheduling)
+            launched_tokens = launched.tokens.tolist()
+            tokens = [launched_tokens[row] for row, _, _ in due]
+            logprobs = sampler.token_logprobs(rows, tokens, params)
         outputs = []
         for (_, seq, _), token, token_logprobs in zip(due, tokens, logprobs, strict=True):
             self._append_token(seq, token, token_logprobs)
