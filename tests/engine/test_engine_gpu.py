@@ -190,3 +190,23 @@ def test_async_scheduling_gives_the_synchronous_tokens_on_the_gpu(plugins, check
         outputs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
         tokens.append([out.outputs[0].token_ids for out in outputs])
     assert tokens[1] == tokens[0]
+
+
+@pytest.mark.parametrize("kind", ["list", "numpy", "tensor"])
+def test_host_copies_are_queued_from_pinned_memory(kind):
+    """to_device's values equal the host's, from every input kind, and the copy is queued behind
+    the device's work rather than waited for (the point of it)."""
+    import numpy as np
+
+    from hwrun.engine.host_copy import to_device
+
+    values = list(range(-5, 4091))
+    host = {"list": values, "numpy": np.array(values), "tensor": torch.tensor(values)}[kind]
+    busy = torch.randn(4096, 4096, device="cuda")
+    for _ in range(20):  # ~ms of queued work the copy must not wait for
+        busy = busy @ busy / 64
+    queued = torch.cuda.Event()
+    copied = to_device(host, torch.int32, torch.device("cuda"))
+    queued.record()
+    assert not queued.query(), "the copy returned only after the device's queued work ran"
+    assert copied.dtype == torch.int32 and copied.tolist() == values

@@ -61,7 +61,17 @@ class DecodeGraphs:
         self.block_table = buffer(biggest, width, dtype=torch.int32)
         self.context_lens = buffer(biggest, dtype=torch.int32)
         self.rows = torch.arange(biggest, device=device)
-        self._host_tables = np.full((biggest, width), -1, dtype=np.int32)
+        # The host side of each step's copies, pinned so that the copies are queued without
+        # waiting for the device (see engine/host_copy.py), and two of each, alternating steps:
+        # a step's buffers are written while the previous step's copy may not have run yet.
+        self._host_tables = [
+            torch.full((biggest, width), -1, dtype=torch.int32, pin_memory=True) for _ in range(2)
+        ]
+        self._host_rows = [
+            torch.zeros((3, biggest), dtype=torch.int64, pin_memory=True) for _ in range(2)
+        ]
+        self._copied = [torch.cuda.Event(), torch.cuda.Event()]  # unrecorded: no wait
+        self._turn = 0
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _metadata(self, batch: int) -> StepMetadata:
@@ -104,8 +114,10 @@ class DecodeGraphs:
         return batch <= self.buckets[-1]
 
     def host_tables(self, batch: int) -> np.ndarray:
-        """The host buffer :meth:`run` copies block tables from: int32 ``[batch, width]``."""
-        return self._host_tables[:batch]
+        """The host buffer the next :meth:`run` copies block tables from: int32 ``[batch,
+        width]``. Waits for that buffer's copy two steps back, long done in practice."""
+        self._copied[self._turn].synchronize()
+        return self._host_tables[self._turn].numpy()[:batch]
 
     def run(
         self, input_ids: list[int] | torch.Tensor, positions: list[int], slots: list[int]
@@ -118,16 +130,22 @@ class DecodeGraphs:
         if batch < bucket:  # only the bucket's rows are read: five fills fewer when it is full
             self._pad(batch, bucket)
         on_device = isinstance(input_ids, torch.Tensor)
+        turn = self._turn
         # One copy for the per-row values: each host-to-device copy costs microseconds.
-        host_rows = [positions, slots] if on_device else [positions, slots, input_ids]
-        rows = torch.tensor(host_rows, dtype=torch.int64).to(self.input_ids.device)
+        host_rows = self._host_rows[turn]
+        host_values = host_rows.numpy()
+        host_values[0, :batch] = positions
+        host_values[1, :batch] = slots
+        if not on_device:
+            host_values[2, :batch] = input_ids
+        rows = host_rows.to(self.input_ids.device, non_blocking=True)[:, :batch]
+        self.block_table[:batch].copy_(self._host_tables[turn][:batch], non_blocking=True)
+        self._copied[turn].record()
+        self._turn = 1 - turn
         self.input_ids[:batch] = input_ids if on_device else rows[2]
         self.positions[:batch] = rows[0]
         self.slots[:batch] = rows[1].to(torch.int32)
         self.context_lens[:batch] = rows[0].to(torch.int32) + 1
-        self.block_table[:batch] = torch.from_numpy(self._host_tables[:batch]).to(
-            self.block_table.device
-        )
         graph, logits = self._graphs[bucket]
         graph.replay()
         return logits[:batch].clone()

@@ -35,6 +35,7 @@ from hwrun.engine.batch import ChunkLogits, ScheduledChunk
 from hwrun.engine.block_manager import BlockManager
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.errors import PromptError
+from hwrun.engine.host_copy import to_device
 from hwrun.engine.outputs import CompletionOutput, RequestOutput
 from hwrun.engine.sampling_params import SamplingParams
 from hwrun.engine.scheduler import Scheduler
@@ -262,7 +263,7 @@ class LLMEngine:
         rows = [row for row, seq in live if seq.seq_id not in ending]
         tokens = launched.tokens
         if rows != list(range(len(launched.seqs))):
-            tokens = tokens[torch.tensor(rows, device=tokens.device)]
+            tokens = tokens[to_device(rows, torch.int64, tokens.device)]
         return self._launch(step.seqs, step.chunks, input_ids=tokens)
 
     def _sample(self, launched: _Launched) -> list[RequestOutput]:

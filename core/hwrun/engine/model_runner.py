@@ -25,6 +25,7 @@ from hwrun.engine.config import EngineConfig
 from hwrun.engine.context_parallel import ContextShard
 from hwrun.engine.cuda_graphs import DecodeGraphs, graph_blockers
 from hwrun.engine.fused_projections import fuse_projections
+from hwrun.engine.host_copy import to_device
 from hwrun.engine.linears import a8w8_reasons, bind_linears, quantized_linear_formats
 from hwrun.engine.model import DecodeRows, DeepseekV32, PrefillRows, StepMetadata
 from hwrun.engine.model_config import ModelConfig, parse_model_config, read_config_json
@@ -192,7 +193,7 @@ class ModelRunner:
         device = self.device
 
         def tensor(values, dtype=torch.int64):
-            return torch.tensor(values, dtype=dtype, device=device)
+            return to_device(values, dtype, device)
 
         decode = None
         if decode_rows:
@@ -200,7 +201,7 @@ class ModelRunner:
             self.block_tables.fill(decode_chunks, bs, tables)
             decode = DecodeRows(
                 rows=tensor(decode_rows),
-                block_table=torch.from_numpy(tables).to(device),
+                block_table=tensor(tables, torch.int32),
                 context_lens=tensor(decode_lens, torch.int32),
                 max_context=max(decode_lens),
             )
@@ -208,7 +209,7 @@ class ModelRunner:
         if prefill_rows:
             prefill = PrefillRows(
                 rows=tensor(prefill_rows),
-                context_slots=torch.cat(context_runs).to(device),
+                context_slots=tensor(torch.cat(context_runs)),
                 key_starts=tensor(key_starts, torch.int32),
                 key_ends=tensor(key_ends, torch.int32),
             )
