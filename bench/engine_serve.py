@@ -47,13 +47,15 @@ class StepClock:
     prefill chunks): the runner's host work (inputs, launches or a graph replay; a prefill's
     host synchronisations put device time here too), waiting for the device (a synchronize
     added after the runner, which the sampler's copy to the host would otherwise do a moment
-    later), and the whole ``LLMEngine.step`` (scheduling, sampling, outputs on top)."""
+    later), the engine's sampling and outputs (``LLMEngine._sample``: with async scheduling its
+    read of the tokens is where the engine waits for the device), and the whole
+    ``LLMEngine.step`` (scheduling on top)."""
 
     KINDS = ("decode", "prefill")
 
     def __init__(self, llm_engine):
         self.reset()
-        step, execute = llm_engine.step, llm_engine.runner.execute
+        step, execute, sample = llm_engine.step, llm_engine.runner.execute, llm_engine._sample
         # With async scheduling a synchronize would wait for the step launched ahead too and
         # undo the overlap being measured: the device wait is then not split out (0).
         cuda = llm_engine.runner.device.type == "cuda"
@@ -72,6 +74,13 @@ class StepClock:
             tally["device_wait_s"] += time.perf_counter() - launched
             return results
 
+        def timed_sample(launched):
+            started = time.perf_counter()
+            outputs = sample(launched)
+            sampled = "decode" if all(c.is_decode for c in launched.chunks) else "prefill"
+            self.tallies[sampled]["sample_s"] += time.perf_counter() - started
+            return outputs
+
         def timed_step():
             started = time.perf_counter()
             outputs = step()
@@ -81,20 +90,22 @@ class StepClock:
             return outputs
 
         llm_engine.runner.execute = timed_execute
+        llm_engine._sample = timed_sample
         llm_engine.step = timed_step
 
     def reset(self) -> None:
         zero = {"steps": 0, "step_s": 0.0, "runner_host_s": 0.0, "device_wait_s": 0.0}
+        zero["sample_s"] = 0.0
         self.tallies = {kind: dict(zero) for kind in self.KINDS}
 
     def row(self) -> dict:
         """``{kind}_steps`` and, per step of that kind, ``{kind}_{step,runner_host,
-        device_wait}_ms``."""
+        device_wait,sample}_ms``."""
         row = {}
         for kind, tally in self.tallies.items():
             steps = tally["steps"]
             row[f"{kind}_steps"] = steps
-            for name in ("step", "runner_host", "device_wait"):
+            for name in ("step", "runner_host", "device_wait", "sample"):
                 row[f"{kind}_{name}_ms"] = 1e3 * tally[f"{name}_s"] / steps if steps else 0.0
         return row
 
@@ -102,7 +113,7 @@ class StepClock:
         return "; ".join(
             f"{row[f'{kind}_steps']} {kind} steps of {row[f'{kind}_step_ms']:.2f} ms (runner "
             f"host {row[f'{kind}_runner_host_ms']:.2f}, device wait "
-            f"{row[f'{kind}_device_wait_ms']:.2f})"
+            f"{row[f'{kind}_device_wait_ms']:.2f}, sample {row[f'{kind}_sample_ms']:.2f})"
             for kind in self.KINDS
             if row[f"{kind}_steps"]
         )
