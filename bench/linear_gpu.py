@@ -167,7 +167,7 @@ def rows_for(ceil, names, token_counts, args, log: list[str], deadline: float) -
                 f"{nbytes / 1e6:.1f} MB; tiles m{tiles.block_m} n{tiles.block_n} "
                 f"k{tiles.block_k} split{tiles.split_k}"
             )
-            if args.tune and time.monotonic() < deadline:
+            if args.tune and not args.tune_a8w8_only and time.monotonic() < deadline:
                 note += "; " + tune(x, weight, us, log, label)
             shape = f"{name} M={tokens} [{r}, {c}] {fmt}"
             floor = ceil.floor_us(nbytes, 2.0 * tokens * r * c)
@@ -189,6 +189,9 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,8,64,512")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
     parser.add_argument("--tune", action="store_true", help="time the tile grid per shape")
+    parser.add_argument(
+        "--tune-a8w8-only", action="store_true", help="with --tune: sweep dense.linear_a8w8 only"
+    )
     parser.add_argument("--no-peers", action="store_true", help="skip DeepGEMM and _scaled_mm")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop tuning after")
     parser.add_argument("--out", default=None, help="directory for linear.md / .json / .log")

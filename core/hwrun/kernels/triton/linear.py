@@ -103,6 +103,10 @@ DECODE_GRID = (
     LinearTiles(64, 128, 128, num_warps=4, num_stages=3),
     LinearTiles(64, 128, 128, swap_ab=True, num_warps=4, num_stages=3),
     LinearTiles(64, 256, 128, num_warps=8, num_stages=3),
+    # DeepGEMM's decode shape: narrow output tiles over the whole K, no split (so no partials
+    # to write and sum), a deep pipeline per program (not yet timed)
+    LinearTiles(64, 32, 128, num_warps=4, num_stages=6),
+    LinearTiles(64, 64, 128, num_warps=4, num_stages=5),
 )
 PREFILL_GRID = (
     LinearTiles(64, 128, 128, num_warps=4, num_stages=3),
