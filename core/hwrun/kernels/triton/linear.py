@@ -59,10 +59,11 @@ MIN_SPLIT_STEPS = 2  # K steps each split range keeps at least
 PROGRAMS_PER_SM = 2  # decode: split K until about this many programs per SM
 # Each split range writes an fp32 partial that the sum reads back: 8 bytes per row and output
 # column, against at least 1 byte per weight element read. Splits are capped so that this
-# traffic stays under the weight's: split <= K / (8 * M). (A quarter, K / (32 M), left 64-row
-# steps on the narrow projections at 2 ranges: on the H200 kv_a [576, 4096] took 21 us at
-# split 2 and 8 us at split 8, q_a [1536, 4096] 21 and 11 us.)
-PARTIAL_TRAFFIC_DIVISOR = 8
+# traffic stays under half the weight's: split <= K / (16 * M). (K / (32 M) left 64-row steps
+# on the narrow projections at 2 ranges: on the H200 kv_a [576, 4096] took 21 us at split 2
+# and 8 us at split 8, q_a [1536, 4096] 21 and 11 us; K / (8 M) put the joined q_a+wk+kv_a
+# [2240, 4096] at split 8, 12.5 us against 11.5 at split 4, a8w8, 2026-12-01.)
+PARTIAL_TRAFFIC_DIVISOR = 16
 NARROW_N = 2048  # up to this many output columns decode tiles are 32 wide (more programs)
 
 
@@ -134,6 +135,9 @@ def split_for(tiles: LinearTiles, m: int, n: int, k: int, num_sms: int) -> int:
     wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, output_tiles)
     cap = min(k_steps // MIN_SPLIT_STEPS, k // (PARTIAL_TRAFFIC_DIVISOR * m))
     split = max(1, min(wanted, cap))
+    # A power of two: the H200's a8w8 sweep at 64 rows (2026-12-01) timed o_proj [4096, 8192]
+    # at 26.5 us split 5 against 18.9 at split 4 and 22.6 at 8.
+    split = 1 << (split.bit_length() - 1)
     return triton.cdiv(k_steps, triton.cdiv(k_steps, split))  # no empty range
 
 
@@ -147,6 +151,8 @@ def default_tiles(m: int, n: int, k: int, num_sms: int | None) -> LinearTiles:
         DECODE_TILES,
         block_m=16 if m <= 16 else 32 if m <= 32 else 64,
         block_n=32 if n <= NARROW_N else DECODE_TILES.block_n,
+        # 64-row blocks: 3 stages were as fast as 5 in the sweep, with less shared memory
+        num_stages=DECODE_TILES.num_stages if m <= 32 else 3,
     )
     return replace(tiles, split_k=split_for(tiles, m, n, k, num_sms))
 
