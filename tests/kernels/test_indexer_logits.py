@@ -10,7 +10,9 @@ from hwrun.kernels.triton.indexer_logits import logits_paged
 from hwrun.ops.indexer import logits_paged as reference_paged
 
 
-def _paged_cache(fmt, num_blocks, block_size, g):
+def _paged_cache(fmt, num_blocks, block_size, g, alignment=1):
+    """Random keys in pages of ``num_blocks`` blocks, each page 16 bytes short of its row, the
+    row rounded up to ``alignment`` bytes (the layout planner aligns rows to 256)."""
     key_format = get_index_key_format(fmt)
     keys = torch.randn(num_blocks * block_size, 128, generator=g) * 3
     elements, scales = key_format.encode(keys)
@@ -22,7 +24,8 @@ def _paged_cache(fmt, num_blocks, block_size, g):
         dim=1,
     )
     # A strided view, as a packed multi-layer cache hands it over: 16 spare bytes per block.
-    padded = torch.zeros(num_blocks, pages.shape[1] + 16, dtype=torch.uint8)
+    row = -(-(pages.shape[1] + 16) // alignment) * alignment
+    padded = torch.zeros(num_blocks, row, dtype=torch.uint8)
     padded[:, : pages.shape[1]] = pages
     return padded[:, : pages.shape[1]]
 
@@ -51,6 +54,94 @@ def test_logits_paged_matches_reference(fmt, q_dtype, step):
     got = logits_paged(q, weights, cache, fmt, table, lens, max_ctx, splits=3, step=step)
     want = reference_paged(q, weights, cache, fmt, table, lens, max_ctx)
     _assert_logits_close(got, want)
+
+
+def _poison_unread_keys(cache, fmt, table, lens, block_size):
+    """0xFF bytes (NaN as e4m3 keys, fp32 scales and E8M0 codes) in every key slot past each
+    request's longest row: a kernel that lets an unread key into a score shows NaN there. A TMA
+    tile reads the whole page, so these slots reach its products and must be masked after them.
+    """
+    key_format = get_index_key_format(fmt)
+    read = torch.zeros(cache.shape[0], block_size, dtype=torch.bool)
+    for b, longest in enumerate(lens.amax(1).tolist()):
+        for t in range(longest):
+            read[table[b, t // block_size], t % block_size] = True
+    elem_bytes = block_size * key_format.element_bytes
+    cache[:, :elem_bytes].unflatten(1, (block_size, -1))[~read] = 0xFF
+    cache[:, elem_bytes:].unflatten(1, (block_size, -1))[~read] = 0xFF
+
+
+# Launch options of logits_paged beside the split grid's defaults. In the interpreter a
+# multiprocessor count of 4 makes programs_per_sm=1 four programs, fewer than the nine key
+# steps below (so programs loop over several, crossing requests); 16 gives programs with none.
+PAGED_LAUNCHES = {
+    "persistent": ("fp8", {"persistent": True, "programs_per_sm": 1}),
+    "persistent_idle_programs": ("fp8", {"persistent": True, "programs_per_sm": 16}),
+    "persistent_step2": ("fp8", {"persistent": True, "programs_per_sm": 1, "step": 2}),
+    "tma": ("fp8", {"tma": True}),
+    "persistent_tma": ("fp8", {"persistent": True, "programs_per_sm": 1, "tma": True}),
+    "persistent_mxfp4": ("mxfp4", {"persistent": True, "programs_per_sm": 1}),
+    "persistent_mxfp4_folded": (
+        "mxfp4",
+        {"persistent": True, "programs_per_sm": 1, "fold_groups": True},
+    ),
+}
+
+
+@pytest.mark.parametrize("q_dtype", [torch.float8_e4m3fn, torch.bfloat16])
+@pytest.mark.parametrize("launch", sorted(PAGED_LAUNCHES))
+def test_paged_launch_options_match_the_reference(launch, q_dtype):
+    fmt, options = PAGED_LAUNCHES[launch]
+    g = torch.Generator().manual_seed(sum(map(ord, launch)))
+    batch, next_n, heads, block_size, max_blocks = 5, 2, 5, 16, 5
+    num_blocks = batch * max_blocks + 3
+    cache = _paged_cache(fmt, num_blocks, block_size, g, alignment=256)
+    q = torch.randn(batch, next_n, heads, 128, generator=g).to(q_dtype)
+    weights = torch.randn(batch * next_n, heads, generator=g)
+    table = torch.randperm(num_blocks, generator=g)[: batch * max_blocks].reshape(batch, -1)
+    table = table.to(torch.int32)
+    # Empty, one-token, partial-page and full rows; 9 key steps of 16 tokens in all, and a
+    # max_ctx that ends inside a page.
+    lens = torch.tensor([[40, 41], [0, 0], [1, 1], [17, 64], [0, 3]], dtype=torch.int32)
+    for b, longest in enumerate(lens.amax(1).tolist()):
+        table[b, -(-longest // block_size) :] = -1  # entries past a request's keys: never read
+    max_ctx = 70
+    _poison_unread_keys(cache, fmt, table, lens, block_size)
+    got = logits_paged(q, weights, cache, fmt, table, lens, max_ctx, **options)
+    want = reference_paged(q, weights, cache, fmt, table, lens, max_ctx)
+    _assert_logits_close(got, want)
+    # The same products in the same order as the split grid's: bitwise equal.
+    same_products = {k: v for k, v in options.items() if k in ("step", "fold_groups")}
+    split = logits_paged(q, weights, cache, fmt, table, lens, max_ctx, splits=3, **same_products)
+    assert torch.equal(got, split)
+
+
+@pytest.mark.parametrize("tma", [False, True])
+def test_persistent_grid_without_keys_is_all_minus_inf(tma):
+    g = torch.Generator().manual_seed(3)
+    cache = _paged_cache("fp8", 4, 16, g, alignment=256)
+    q = torch.randn(3, 1, 4, 128, generator=g).to(torch.float8_e4m3fn)
+    weights = torch.randn(3, 4, generator=g)
+    table = torch.full((3, 2), -1, dtype=torch.int32)
+    lens = torch.zeros(3, 1, dtype=torch.int32)
+    got = logits_paged(q, weights, cache, "fp8", table, lens, 20, persistent=True, tma=tma)
+    assert torch.equal(got, torch.full((3, 20), float("-inf")))
+
+
+def test_paged_launch_options_refused_with_reasons():
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 1, 4, 128, generator=g).to(torch.float8_e4m3fn)
+    weights = torch.randn(1, 4, generator=g)
+    table = torch.zeros(1, 1, dtype=torch.int32)
+    lens = torch.ones(1, 1, dtype=torch.int32)
+    mxfp4 = _paged_cache("mxfp4", 2, 16, g)  # rows of 16 * 68 + 16 B: not whole 128 B rows
+    with pytest.raises(ValueError, match=r"fp8 key pages.*step=2.*multiple of 128"):
+        logits_paged(q, weights, mxfp4, "mxfp4", table, lens, 16, step=2, tma=True)
+    fp8 = _paged_cache("fp8", 2, 16, g)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        logits_paged(q, weights, fp8, "fp8", table, lens, 16, tma=True)
+    with pytest.raises(ValueError, match="leave splits unset"):
+        logits_paged(q, weights, fp8, "fp8", table, lens, 16, splits=2, persistent=True)
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])

@@ -1,10 +1,13 @@
 """indexer.logits_paged and indexer.logits_ragged: score = sum_h w * relu(q . k) * k_scale.
 
-Paged: program (b, split) walks the request's cache blocks split, split + SPLITS, ... and
-scores every query row of the request (n * H rows of one matrix product) against each block's
-keys, which are read once from their packed page. Blocks past the request's longest row are
-only written as -inf. Ragged: program (key tile, row group) reads one tile of keys and scores
-ROWS query rows against it.
+Paged: a step is STEP cache blocks of one request; scoring a step multiplies every query row
+of the request (n * H rows of one matrix product) by the step's keys, read once from their
+packed page. Steps past the request's longest row are only written as -inf. Two grids share
+that step: the split grid, program (b, split) taking steps split, split + SPLITS, ... of
+request b; and the persistent grid, a fixed number of programs each taking an equal share of
+all requests' key steps laid end to end (then of the -inf steps), whatever the lengths.
+Ragged: program (key tile, row group) reads one tile of keys and scores ROWS query rows
+against it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,135 @@ from hwrun.kernels.triton.interpreter import prepare_launch
 
 KEY_FORMATS = {"fp8": (FMT_FP8, 128, 4), "mxfp4": (FMT_MXFP4, 64, 4)}  # code, elem B, scale B
 HEAD_DIM = 128
+INT32_MAX = 2**31 - 1
+
+
+@triton.jit
+def _key_descriptor(cache_ptr, key_rows, BLOCK_SIZE: tl.constexpr, TMA: tl.constexpr):
+    """With TMA, the cache as rows of one fp8 key each ([key_rows, 128]): a page's keys are
+    BLOCK_SIZE rows from its first byte, so one tile load reads them through the copy engine."""
+    if TMA:
+        desc = tl.make_tensor_descriptor(
+            cache_ptr.to(tl.pointer_type(tl.float8e4nv)),
+            shape=[key_rows, 128],
+            strides=[128, 1],
+            block_shape=[BLOCK_SIZE, 128],
+        )
+    else:
+        desc = None
+    return desc
+
+
+@triton.jit
+def _score_steps(
+    b,
+    first,
+    last,
+    every,
+    q_ptr,  # [B, n, H, 128]
+    w_ptr,  # [B * n, H] float32
+    cache_ptr,  # [num_blocks, block_size * bytes_per_token] uint8
+    key_desc,  # _key_descriptor's, None without TMA
+    table_ptr,  # [B, max_blocks] int32
+    lens_ptr,  # [B, n] int32
+    out_ptr,  # [B * n, max_ctx] float32
+    cache_block_stride,
+    table_stride,
+    out_stride,
+    max_ctx,
+    H: tl.constexpr,
+    NEXT_N: tl.constexpr,
+    NP: tl.constexpr,
+    HP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    ELEM_BYTES: tl.constexpr,
+    FMT: tl.constexpr,
+    Q_FP8: tl.constexpr,
+    WIDE: tl.constexpr,
+    STEP: tl.constexpr,
+    FOLD: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """Request b's logits of steps first, first + every, ... < last (each holding keys)."""
+    b = b.to(tl.int64)
+    # Query rows i * HP + h; padded heads and rows have q = 0 and w = 0, so they add nothing.
+    m = tl.arange(0, NP * HP)
+    row_i = m // HP
+    head = m % HP
+    m_mask = (row_i < NEXT_N) & (head < H)
+    q_rows = (b * NEXT_N + row_i) * H + head
+    w = tl.load(w_ptr + q_rows, mask=m_mask, other=0.0)
+    if FMT == 0 or FOLD:
+        qt = load_query_fp8_keys(q_ptr, q_rows, m_mask, 128, Q_FP8, WIDE)
+    if FMT != 0:
+        q0 = load_query_group(q_ptr, q_rows, m_mask, 0, 128, Q_FP8, WIDE)
+        q1 = load_query_group(q_ptr, q_rows, m_mask, 1, 128, Q_FP8, WIDE)
+        q2 = load_query_group(q_ptr, q_rows, m_mask, 2, 128, Q_FP8, WIDE)
+        q3 = load_query_group(q_ptr, q_rows, m_mask, 3, 128, Q_FP8, WIDE)
+
+    rows = tl.arange(0, NP)
+    row_ok = rows < NEXT_N
+    lens = tl.load(lens_ptr + b * NEXT_N + rows, mask=row_ok, other=0)
+    longest = tl.max(lens, 0)
+    # Token t of a step sits in block t // BLOCK_SIZE of it.
+    TOKENS: tl.constexpr = STEP * BLOCK_SIZE
+    tok = tl.arange(0, TOKENS)
+    in_block = tok % BLOCK_SIZE
+    out_rows = out_ptr + (b * NEXT_N + rows) * out_stride
+    key_blocks = tl.cdiv(longest, BLOCK_SIZE)
+    # No branch inside the loop, so loads are pipelined.
+    for j in range(first, last, every):
+        pos = j * TOKENS + tok
+        n_mask = pos < longest
+        if TMA:
+            # One block a step (STEP == 1), always allocated: j < key_blocks.
+            blk = tl.load(table_ptr + b * table_stride + j).to(tl.int64)
+            page = cache_ptr + blk * cache_block_stride
+            scale_rows = page + BLOCK_SIZE * ELEM_BYTES + in_block * 4
+            # Keys past the longest row are read as stored: their scores land in the rows'
+            # -inf positions below, each product row depending on its own key only.
+            keys = key_desc.load([(blk * cache_block_stride // 128).to(tl.int32), 0])
+            if not Q_FP8:
+                keys = keys.to(WIDE)
+            scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32)), mask=n_mask, other=0.0)
+            scores = tl.dot(keys, qt) * scale[:, None]
+        else:
+            blk_idx = j * STEP + tok // BLOCK_SIZE
+            blk = tl.load(
+                table_ptr + b * table_stride + blk_idx, mask=blk_idx < key_blocks, other=0
+            )
+            page = cache_ptr + blk.to(tl.int64) * cache_block_stride
+            elem_rows = page + in_block * ELEM_BYTES
+            scale_rows = page + BLOCK_SIZE * ELEM_BYTES + in_block * 4
+            if FMT == 0:
+                scores = fp8_key_scores(elem_rows, scale_rows, n_mask, qt, Q_FP8, WIDE)
+            elif FOLD:
+                scores = mxfp4_key_scores_folded(
+                    elem_rows, scale_rows, n_mask, qt, q0, q1, q2, q3, Q_FP8, WIDE
+                )
+            else:
+                scores = mxfp4_key_scores(
+                    elem_rows, scale_rows, n_mask, q0, q1, q2, q3, Q_FP8, WIDE
+                )
+        logits = weighted_relu_sum(scores, w, NP, HP)
+        logits = tl.where(pos[:, None] < lens[None, :], logits, float("-inf"))
+        store_mask = (pos[:, None] < max_ctx) & row_ok[None, :]
+        tl.store(out_rows[None, :] + pos[:, None], logits, mask=store_mask)
+
+
+@triton.jit
+def _fill_steps(
+    b, first, last, every, out_ptr, out_stride, max_ctx, NEXT_N: tl.constexpr, NP, TOKENS
+):
+    """-inf over request b's steps first, first + every, ... < last (past its longest row)."""
+    rows = tl.arange(0, NP)
+    tok = tl.arange(0, TOKENS)
+    out_rows = out_ptr + (b.to(tl.int64) * NEXT_N + rows) * out_stride
+    neg_inf = tl.full((TOKENS, NP), float("-inf"), tl.float32)
+    for j in range(first, last, every):
+        pos = j * TOKENS + tok
+        store_mask = (pos[:, None] < max_ctx) & (rows < NEXT_N)[None, :]
+        tl.store(out_rows[None, :] + pos[:, None], neg_inf, mask=store_mask)
 
 
 @triton.jit
@@ -45,6 +177,7 @@ def _paged_logits_kernel(
     out_stride,
     max_ctx,
     num_ctx_blocks,
+    key_rows,
     H: tl.constexpr,
     NEXT_N: tl.constexpr,
     NP: tl.constexpr,
@@ -57,63 +190,114 @@ def _paged_logits_kernel(
     STEP: tl.constexpr,
     SPLITS,
     FOLD: tl.constexpr,
+    TMA: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
+    """The split grid: program (b, split) takes steps split, split + SPLITS, ... of request b."""
+    b = tl.program_id(0)
     split = tl.program_id(1)
-    # Query rows i * HP + h; padded heads and rows have q = 0 and w = 0, so they add nothing.
-    m = tl.arange(0, NP * HP)
-    row_i = m // HP
-    head = m % HP
-    m_mask = (row_i < NEXT_N) & (head < H)
-    q_rows = (b * NEXT_N + row_i) * H + head
-    q_base = q_ptr
-    w = tl.load(w_ptr + q_rows, mask=m_mask, other=0.0)
-    if FMT == 0 or FOLD:
-        qt = load_query_fp8_keys(q_base, q_rows, m_mask, 128, Q_FP8, WIDE)
-    if FMT != 0:
-        q0 = load_query_group(q_base, q_rows, m_mask, 0, 128, Q_FP8, WIDE)
-        q1 = load_query_group(q_base, q_rows, m_mask, 1, 128, Q_FP8, WIDE)
-        q2 = load_query_group(q_base, q_rows, m_mask, 2, 128, Q_FP8, WIDE)
-        q3 = load_query_group(q_base, q_rows, m_mask, 3, 128, Q_FP8, WIDE)
-
+    key_desc = _key_descriptor(cache_ptr, key_rows, BLOCK_SIZE, TMA)
     rows = tl.arange(0, NP)
-    row_ok = rows < NEXT_N
-    lens = tl.load(lens_ptr + b * NEXT_N + rows, mask=row_ok, other=0)
-    longest = tl.max(lens, 0)
-    # A step is STEP cache blocks: token t of the step sits in block t // BLOCK_SIZE of it.
-    TOKENS: tl.constexpr = STEP * BLOCK_SIZE
-    tok = tl.arange(0, TOKENS)
-    in_block = tok % BLOCK_SIZE
-    out_rows = out_ptr + (b * NEXT_N + rows) * out_stride
-    key_blocks = tl.cdiv(longest, BLOCK_SIZE)
-    key_steps = tl.cdiv(longest, TOKENS)
-    # Steps holding keys of some row: no branch inside the loop, so loads are pipelined.
-    for j in range(split, key_steps, SPLITS):
-        pos = j * TOKENS + tok
-        blk_idx = j * STEP + tok // BLOCK_SIZE
-        blk = tl.load(table_ptr + b * table_stride + blk_idx, mask=blk_idx < key_blocks, other=0)
-        page = cache_ptr + blk.to(tl.int64) * cache_block_stride
-        n_mask = pos < longest
-        elem_rows = page + in_block * ELEM_BYTES
-        scale_rows = page + BLOCK_SIZE * ELEM_BYTES + in_block * 4
-        if FMT == 0:
-            scores = fp8_key_scores(elem_rows, scale_rows, n_mask, qt, Q_FP8, WIDE)
-        elif FOLD:
-            scores = mxfp4_key_scores_folded(
-                elem_rows, scale_rows, n_mask, qt, q0, q1, q2, q3, Q_FP8, WIDE
-            )
-        else:
-            scores = mxfp4_key_scores(elem_rows, scale_rows, n_mask, q0, q1, q2, q3, Q_FP8, WIDE)
-        logits = weighted_relu_sum(scores, w, NP, HP)
-        logits = tl.where(pos[:, None] < lens[None, :], logits, float("-inf"))
-        store_mask = (pos[:, None] < max_ctx) & row_ok[None, :]
-        tl.store(out_rows[None, :] + pos[:, None], logits, mask=store_mask)
-    # The rest of the row (past the request's longest row) is only -inf.
-    neg_inf = tl.full((TOKENS, NP), float("-inf"), tl.float32)
-    for j in range(key_steps + split, tl.cdiv(num_ctx_blocks, STEP), SPLITS):
-        pos = j * TOKENS + tok
-        store_mask = (pos[:, None] < max_ctx) & row_ok[None, :]
-        tl.store(out_rows[None, :] + pos[:, None], neg_inf, mask=store_mask)
+    lens = tl.load(lens_ptr + b * NEXT_N + rows, mask=rows < NEXT_N, other=0)
+    all_steps = tl.cdiv(num_ctx_blocks, STEP)
+    key_steps = tl.minimum(tl.cdiv(tl.max(lens, 0), STEP * BLOCK_SIZE), all_steps)
+    _score_steps(
+        b, split, key_steps, SPLITS,
+        q_ptr, w_ptr, cache_ptr, key_desc, table_ptr, lens_ptr, out_ptr,
+        cache_block_stride, table_stride, out_stride, max_ctx,
+        H, NEXT_N, NP, HP, BLOCK_SIZE, ELEM_BYTES, FMT, Q_FP8, WIDE, STEP, FOLD, TMA,
+    )  # fmt: skip
+    _fill_steps(
+        b, key_steps + split, all_steps, SPLITS, out_ptr, out_stride, max_ctx,
+        NEXT_N, NP, STEP * BLOCK_SIZE,
+    )  # fmt: skip
+
+
+@triton.jit
+def _share(total, program, programs):
+    """Program ``program``'s equal share [lo, hi) of ``total`` items (int64: total * programs
+    passes int32 at long contexts)."""
+    total = total.to(tl.int64)
+    return program * total // programs, (program + 1) * total // programs
+
+
+@triton.jit
+def _segment(counts, lo, hi):
+    """Items laid end to end, ``counts[r]`` of request r: the request b holding item lo and
+    the items lo..hi of b as b's own [first, last)."""
+    ends = tl.cumsum(counts, 0)
+    before = ends <= lo  # requests wholly before item lo
+    b = tl.sum(before.to(tl.int32), 0)
+    start = tl.sum(tl.where(before, counts, 0), 0)
+    count = tl.sum(tl.where(tl.arange(0, counts.shape[0]) == b, counts, 0), 0)
+    return b, lo - start, tl.minimum(hi - start, count)
+
+
+@triton.jit
+def _persistent_paged_logits_kernel(
+    q_ptr,  # [B, n, H, 128]
+    w_ptr,  # [B * n, H] float32
+    cache_ptr,  # [num_blocks, block_size * bytes_per_token] uint8
+    table_ptr,  # [B, max_blocks] int32
+    lens_ptr,  # [B, n] int32
+    out_ptr,  # [B * n, max_ctx] float32
+    cache_block_stride,
+    table_stride,
+    out_stride,
+    max_ctx,
+    num_ctx_blocks,
+    key_rows,
+    batch,
+    H: tl.constexpr,
+    NEXT_N: tl.constexpr,
+    NP: tl.constexpr,
+    HP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    ELEM_BYTES: tl.constexpr,
+    FMT: tl.constexpr,
+    Q_FP8: tl.constexpr,
+    WIDE: tl.constexpr,
+    STEP: tl.constexpr,
+    FOLD: tl.constexpr,
+    TMA: tl.constexpr,
+    BP: tl.constexpr,
+):
+    """The persistent grid: every request's key steps laid end to end, each program scores an
+    equal, contiguous share of them (so equal bytes of keys, whatever the lengths; a share
+    crossing requests is one run of steps per request), then fills its share of the -inf steps
+    the same way. Each program reads every request's lengths to find its share."""
+    program = tl.program_id(0)
+    programs = tl.num_programs(0)
+    key_desc = _key_descriptor(cache_ptr, key_rows, BLOCK_SIZE, TMA)
+    reqs = tl.arange(0, BP)
+    rows = tl.arange(0, NP)
+    lens = tl.load(
+        lens_ptr + reqs[:, None] * NEXT_N + rows[None, :],
+        mask=(reqs[:, None] < batch) & (rows[None, :] < NEXT_N),
+        other=0,
+    )
+    all_steps = tl.cdiv(num_ctx_blocks, STEP)
+    key_steps = tl.minimum(tl.cdiv(tl.max(lens, 1), STEP * BLOCK_SIZE), all_steps)  # [BP]
+    fill_steps = tl.where(reqs < batch, all_steps - key_steps, 0)
+
+    lo, hi = _share(tl.sum(key_steps, 0), program, programs)
+    while lo < hi:
+        b, first, last = _segment(key_steps, lo, hi)
+        _score_steps(
+            b, first, last, 1,
+            q_ptr, w_ptr, cache_ptr, key_desc, table_ptr, lens_ptr, out_ptr,
+            cache_block_stride, table_stride, out_stride, max_ctx,
+            H, NEXT_N, NP, HP, BLOCK_SIZE, ELEM_BYTES, FMT, Q_FP8, WIDE, STEP, FOLD, TMA,
+        )  # fmt: skip
+        lo += last - first
+    lo, hi = _share(tl.sum(fill_steps, 0), program, programs)
+    while lo < hi:
+        b, first, last = _segment(fill_steps, lo, hi)
+        b_key_steps = tl.sum(tl.where(reqs == b, key_steps, 0), 0)
+        _fill_steps(
+            b, b_key_steps + first, b_key_steps + last, 1, out_ptr, out_stride, max_ctx,
+            NEXT_N, NP, STEP * BLOCK_SIZE,
+        )  # fmt: skip
+        lo += last - first
 
 
 def _check_common(q: torch.Tensor, weights: torch.Tensor, fmt: str, rows: int, op: str) -> int:
@@ -131,6 +315,38 @@ def _check_common(q: torch.Tensor, weights: torch.Tensor, fmt: str, rows: int, o
     return heads
 
 
+def _multiprocessors(device: torch.device) -> int:
+    """The device's multiprocessors; 4 in the CPU interpreter, few enough that the tests' small
+    shapes give each persistent program several steps."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _tma_reasons(fmt: str, step: int, cache: torch.Tensor, block_size: int) -> list[str]:
+    """Why ``tma=True`` cannot read this cache (empty when it can)."""
+    reasons = []
+    if fmt != "fp8":
+        reasons.append(f"it reads fp8 key pages, got {fmt!r} keys (use tma=False)")
+    if step != 1:
+        reasons.append(f"it loads one page a step (no gather on Hopper), got step={step}")
+    if cache.stride(0) % HEAD_DIM or cache.data_ptr() % 16:
+        reasons.append(
+            f"it views the cache as rows of {HEAD_DIM} B from a 16-byte aligned start, so the "
+            f"page stride must be a multiple of {HEAD_DIM} B, got stride {cache.stride(0)} at "
+            f"address {cache.data_ptr():#x}"
+        )
+    elif (cache.shape[0] - 1) * cache.stride(0) // HEAD_DIM + block_size > INT32_MAX:
+        reasons.append("the cache has more 128-byte rows than an int32 coordinate holds")
+    return reasons
+
+
+def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    # Tensor descriptors built inside a kernel live in global memory that Triton asks for at
+    # launch (128 B a program); torch's allocator serves it, also under graph capture.
+    return torch.empty(size, dtype=torch.uint8, device="cuda")
+
+
 def logits_paged(
     q: torch.Tensor,  # [B, n, H, 128] float8_e4m3fn or bf16/fp16/fp32
     weights: torch.Tensor,  # [B * n, H] float32
@@ -144,10 +360,20 @@ def logits_paged(
     num_stages: int = 4,
     step: int = 1,
     fold_groups: bool = False,
+    persistent: bool = False,
+    programs_per_sm: int = 4,
+    tma: bool = False,
 ) -> torch.Tensor:  # [B * n, max_ctx] float32, -inf past each row's length
-    """``fold_groups`` (mxfp4 keys): one K=128 product per key tile with the groups' powers of
-    two folded into the e4m3 codes, where exact (index_key_tiles.mxfp4_key_scores_folded);
-    not yet timed on a GPU, so off by default."""
+    """Launch options, each (optional) and off by default until timed on the H200:
+
+    ``fold_groups`` (mxfp4 keys): one K=128 product per key tile with the groups' powers of
+    two folded into the e4m3 codes, where exact (index_key_tiles.mxfp4_key_scores_folded).
+    ``persistent``: the persistent grid instead of the split one (``splits`` then unused):
+    min(B * steps, multiprocessors * ``programs_per_sm``) programs, each scoring an equal share
+    of all requests' key steps, so no wave of programs runs part-empty.
+    ``tma`` (fp8 keys, ``step`` 1, a page stride that is a multiple of 128 B): each page's keys
+    load as one tile through a tensor descriptor (Hopper's copy engine), scales as before.
+    """
     B, n = q.shape[0], q.shape[1]
     H = _check_common(q, weights, fmt, B * n, "logits_paged")
     code, elem_bytes, scale_bytes = KEY_FORMATS[fmt]
@@ -166,22 +392,24 @@ def logits_paged(
         raise ValueError(
             f"logits_paged: context_lens must be [B, n]=[{B}, {n}], got {tuple(context_lens.shape)}"
         )
+    if block_size & (block_size - 1):
+        raise ValueError(f"logits_paged: block_size must be a power of two, got {block_size}")
+    if persistent and splits is not None:
+        raise ValueError(
+            f"logits_paged: splits={splits} sets the split grid; persistent=True shares the "
+            "steps out itself (leave splits unset)"
+        )
+    if persistent and programs_per_sm < 1:
+        raise ValueError(f"logits_paged: programs_per_sm must be >= 1, got {programs_per_sm}")
+    if tma and (reasons := _tma_reasons(fmt, step, cache, block_size)):
+        raise ValueError("logits_paged: tma=True cannot run: " + "; ".join(reasons))
     out = torch.empty((B * n, max_ctx), dtype=torch.float32, device=q.device)
     if B == 0 or max_ctx == 0:
         return out
     num_ctx_blocks = triton.cdiv(max_ctx, block_size)
-    if splits is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        # ~8 programs per multiprocessor (the best of a grid on the H200, bench/gpu_ops.py
-        # --tune), each with at least 4 blocks: shorter programs spend their time in the
-        # prologue (batch 1 ran 5x slower with 1-2 blocks per program).
-        splits = max(1, min(triton.cdiv(num_ctx_blocks, 4 * step), triton.cdiv(8 * sms, B)))
-    if block_size & (block_size - 1):
-        raise ValueError(f"logits_paged: block_size must be a power of two, got {block_size}")
-    q_fp8 = q.dtype == torch.float8_e4m3fn
+    sms = _multiprocessors(q.device)
     table = block_table.to(torch.int32)
-    prepare_launch()
-    _paged_logits_kernel[(B, splits)](
+    args = (
         q.contiguous(),
         weights.contiguous().float(),
         cache,
@@ -193,21 +421,37 @@ def logits_paged(
         out.stride(0),
         max_ctx,
         num_ctx_blocks,
-        H=H,
-        NEXT_N=n,
-        NP=triton.next_power_of_2(n),
-        HP=padded_heads(H),
-        BLOCK_SIZE=block_size,
-        ELEM_BYTES=elem_bytes,
-        FMT=code,
-        Q_FP8=q_fp8,
-        WIDE=wide_dtype(),
-        STEP=step,
-        SPLITS=splits,
-        FOLD=fold_groups and code == FMT_MXFP4,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        (cache.shape[0] - 1) * cache.stride(0) // HEAD_DIM + block_size,  # key rows for tma
     )
+    meta = {
+        "H": H,
+        "NEXT_N": n,
+        "NP": triton.next_power_of_2(n),
+        "HP": padded_heads(H),
+        "BLOCK_SIZE": block_size,
+        "ELEM_BYTES": elem_bytes,
+        "FMT": code,
+        "Q_FP8": q.dtype == torch.float8_e4m3fn,
+        "WIDE": wide_dtype(),
+        "STEP": step,
+        "FOLD": fold_groups and code == FMT_MXFP4,
+        "TMA": tma,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+    }
+    prepare_launch()
+    if tma and q.is_cuda:
+        triton.set_allocator(_descriptor_scratch)
+    if persistent:
+        programs = min(B * triton.cdiv(num_ctx_blocks, step), sms * programs_per_sm)
+        _persistent_paged_logits_kernel[(programs,)](*args, B, BP=triton.next_power_of_2(B), **meta)
+        return out
+    if splits is None:
+        # ~8 programs per multiprocessor (the best of a grid on the H200, bench/gpu_ops.py
+        # --tune), each with at least 4 blocks: shorter programs spend their time in the
+        # prologue (batch 1 ran 5x slower with 1-2 blocks per program).
+        splits = max(1, min(triton.cdiv(num_ctx_blocks, 4 * step), triton.cdiv(8 * sms, B)))
+    _paged_logits_kernel[(B, splits)](*args, SPLITS=splits, **meta)
     return out
 
 
