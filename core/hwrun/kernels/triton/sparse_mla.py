@@ -10,9 +10,11 @@ the paged cache and runs an online softmax in base 2. An fp8_ds_mla row is read 
 decodes it (e4m3 times the bf16-rounded scale, rounded to bf16), so no dequantized row is ever
 written to memory. The value is the NoPE part, so PV reuses the tiles QK loaded. With V_PARTS < 4 a
 program owns only part of the 512 output columns (it recomputes the scores), which keeps the
-accumulators within registers at 64+ heads. With SPLITS > 1 the top-k list is cut into
-independent parts merged by lse_combine (decode at small batch has too few rows to fill the
-GPU otherwise).
+accumulators within registers at 64+ heads; V_PARTS = 4 is the whole row, each tile loaded and
+dequantized once for QK and PV (64 heads need 8 warps: 128 accumulator registers a thread).
+With BF16_POSITION the e4m3 codes are decoded by moving their bits, not by the conversion
+instructions (``_e4m3_times``). With SPLITS > 1 the top-k list is cut into independent parts
+merged by lse_combine (decode at small batch has too few rows to fill the GPU otherwise).
 """
 
 from __future__ import annotations
@@ -30,19 +32,46 @@ ROW_KINDS = {"fp8_ds_mla": 0, "bf16": 1}  # the kernel's ROW: how a key row is s
 WORKSPACE_ROW_KINDS = {torch.bfloat16: 1, torch.float32: 2}
 _LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
+BF16_BIAS_OVER_E4M3 = tl.constexpr(2.0**120)  # 2^(127 - 7): the exponent biases apart
 
 
 @triton.jit
-def _nope_group(rows, valid, g: tl.constexpr, ROW: tl.constexpr, WIDE: tl.constexpr):
+def _e4m3_times(raw, scale, BF16_POSITION: tl.constexpr):
+    """e4m3 codes [N, C] uint8 times per-row scales [N] fp32, as the format decodes them
+    (FlashMLA's): the scale rounded to bf16, each product rounded to bf16 (leaving the product in
+    fp32 moved the LSE by up to 3e-3).
+
+    With BF16_POSITION the codes are read without the conversion instructions: a code's sign,
+    exponent and mantissa bits moved to their bf16 places (an fp32's top half) read as its value
+    times 2^-120, the exponent biases (127 and 7) apart, subnormal codes as fp32 subnormals,
+    which the multiply by 2^120 keeps (Triton's fp32 multiply does not flush them to zero).
+    """
+    if BF16_POSITION:
+        bits = raw.to(tl.uint32)
+        x = (((bits & 0x80) << 24) | ((bits & 0x7F) << 20)).to(tl.float32, bitcast=True)
+        x = tl.where((bits & 0x7F) == 0x7F, float("nan"), x)  # NaN codes, else read as +-480
+        # 2^120 in a multiply of its own: one factor scale * 2^120 overflows from scale 2^8 on.
+        codes = x * BF16_BIAS_OVER_E4M3
+    else:
+        codes = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    scale = scale.to(tl.bfloat16).to(tl.float32)
+    return (codes * scale[:, None]).to(tl.bfloat16)
+
+
+@triton.jit
+def _nope_group(
+    rows,
+    valid,
+    g: tl.constexpr,
+    ROW: tl.constexpr,
+    WIDE: tl.constexpr,
+    BF16_POSITION: tl.constexpr,
+):
     d = tl.arange(0, 128)
     if ROW == 0:  # fp8_ds_mla
         raw = tl.load(rows[:, None] + g * 128 + d[None, :], mask=valid[:, None], other=0)
-        codes = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         scale = tl.load((rows + 512 + 4 * g).to(tl.pointer_type(tl.float32)), mask=valid, other=0.0)
-        # The format's decode (FlashMLA's): the scale rounded to bf16, then the product rounded
-        # to bf16 (leaving the product in fp32 moved the LSE by up to 3e-3).
-        scale = scale.to(tl.bfloat16).to(tl.float32)
-        tile = (codes * scale[:, None]).to(tl.bfloat16).to(WIDE)
+        tile = _e4m3_times(raw, scale, BF16_POSITION).to(WIDE)
     else:
         ptrs = _elements(rows, ROW) + 128 * g
         tile = tl.load(ptrs[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(WIDE)
@@ -100,6 +129,7 @@ def _sparse_mla_decode_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     V_PARTS: tl.constexpr,
+    BF16_POSITION: tl.constexpr,  # e4m3 decoded by moving bits (ROW 0 only)
 ):
     r = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
@@ -137,10 +167,10 @@ def _sparse_mla_decode_kernel(
         safe = tl.where(valid, slot, 0).to(tl.int64)
         offs = (safe // block_size) * cache_block_stride + (safe % block_size) * cache_row_stride
         rows = cache_ptr + tl.multiple_of(offs, 16)
-        k0 = _nope_group(rows, valid, 0, ROW, WIDE)
-        k1 = _nope_group(rows, valid, 1, ROW, WIDE)
-        k2 = _nope_group(rows, valid, 2, ROW, WIDE)
-        k3 = _nope_group(rows, valid, 3, ROW, WIDE)
+        k0 = _nope_group(rows, valid, 0, ROW, WIDE, BF16_POSITION)
+        k1 = _nope_group(rows, valid, 1, ROW, WIDE, BF16_POSITION)
+        k2 = _nope_group(rows, valid, 2, ROW, WIDE, BF16_POSITION)
+        k3 = _nope_group(rows, valid, 3, ROW, WIDE, BF16_POSITION)
         kr = _rope(rows, valid, ROW, WIDE)
 
         s = tl.dot(q0, tl.trans(k0))
@@ -202,6 +232,7 @@ def _attend(
     splits: int | None,
     num_warps: int,
     num_stages: int,
+    bf16_position: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [R, H, 512] out_dtype, lse [R, H] fp32
     """Launch the kernel over the rows of ``q`` (and merge the top-k parts when split)."""
     R, H, _ = q.shape
@@ -249,6 +280,7 @@ def _attend(
         BLOCK_H=block_h,
         BLOCK_N=block_n,
         V_PARTS=v_parts,
+        BF16_POSITION=bf16_position,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -272,7 +304,17 @@ def decode(
     splits: int | None = None,
     num_warps: int = 8,
     num_stages: int = 2,
+    bf16_position_dequant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, s, H, 512] q.dtype, lse [B, s, H] fp32
+    """``sparse_mla.decode`` over the paged cache; the launch options are tuning knobs.
+
+    ``v_parts`` (optional, default 2): how many 128-wide output groups a program owns; 4 is the
+    whole row (each gathered tile dequantized once for QK and PV), with 64 heads at
+    ``num_warps=8``. ``bf16_position_dequant`` (optional, default off): decode fp8_ds_mla codes
+    by moving their bits (``_e4m3_times``), the same numbers. In one H200 run whole rows beat
+    the default only with ``block_n=128`` and moving bits was slower everywhere (the times are
+    noted at bench/gpu_ops.py's tune grid).
+    """
     if fmt not in LATENT_ROW_BYTES:
         raise ValueError(
             f"sparse_mla.decode (triton): latent format {fmt!r} has no kernel; use one of "
@@ -309,6 +351,7 @@ def decode(
         splits,
         num_warps,
         num_stages,
+        bf16_position_dequant,
     )
     return out.reshape(B, S, H, 512), lse.reshape(B, S, H)
 
@@ -362,4 +405,5 @@ def prefill(
         1,
         num_warps,
         num_stages,
+        False,
     )
