@@ -76,14 +76,24 @@ def indexer_rows(ceil, tune, log):
 
             cfg = {}
             if tune and batch > 1:
-                # mxfp4: also the groups folded into one product (fold_groups, untimed so far)
+                # The split grid against the persistent one (untimed so far); fp8 pages also
+                # through tensor descriptors (tma, one page a step); mxfp4 also with the groups
+                # folded into one product (fold_groups, untimed so far).
+                launches = [{"splits": 8 * sms // batch}] + [
+                    {"persistent": True, "programs_per_sm": per_sm} for per_sm in (2, 4)
+                ]
+                tmas = (False, True) if fmt == "fp8" else (False,)
                 folds = (False, True) if fmt == "mxfp4" else (False,)
                 grid = [
-                    {"splits": 8 * sms // batch, "num_warps": nw, "num_stages": st, "step": sp}
+                    launch
+                    | {"num_warps": nw, "num_stages": st, "step": sp}
+                    | ({"tma": True} if tma else {})
                     | ({"fold_groups": True} if fold else {})
-                    for sp in (1, 2)
+                    for launch in launches
+                    for tma in tmas
+                    for sp in ((1,) if tma else (1, 2))
                     for nw in (4, 8)
-                    for st in (3, 4)
+                    for st in (3, 4, 6)
                     for fold in folds
                 ]
                 cfg = _tune(f"logits_paged {fmt} B={batch}", run, grid, log)
@@ -180,8 +190,28 @@ def sparse_mla_rows(ceil, tune, log):
                 return sparse_mla.decode(q, cache, fmt, slots, scale, **cfg)
 
             cfg = {}
-            if tune and batch == 1:
-                grid = [{"splits": sp} for sp in (4, 8, 16)]
+            if tune:
+                # Today's default (128 heads, half rows) against whole rows (64 heads, 8 warps),
+                # each with wider tiles; fp8 rows also decoded by moving bits. One H200 run
+                # (B=64 fp8, us): default 212, block_n=64 one stage 202; whole rows 286, 209
+                # (block_n=64, 3 stages), 194 (block_n=128, one stage); moving bits +15-30%;
+                # 32 heads 480 (4 warps) and 679 (8), left out.
+                whole = {"v_parts": 4, "block_h": 64, "num_warps": 8}
+                layouts = [
+                    {},
+                    {"block_n": 64, "num_stages": 1},
+                    whole,
+                    whole | {"block_n": 64, "num_stages": 3},
+                    whole | {"block_n": 128, "num_stages": 1},
+                ]
+                dequants = (False, True) if fmt == "fp8_ds_mla" else (False,)
+                splits = [{"splits": sp} for sp in (4, 8, 16)] if batch == 1 else [{}]
+                grid = [
+                    layout | sp | ({"bf16_position_dequant": True} if bits else {})
+                    for layout in layouts
+                    for bits in dequants
+                    for sp in splits
+                ]
                 cfg = _tune(f"sparse_mla {fmt} B={batch}", run, grid, log)
             us = bench(lambda run=run, cfg=cfg: run(**cfg))
             peers = {}

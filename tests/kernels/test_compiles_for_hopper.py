@@ -1,5 +1,7 @@
 """Kernel variants the interpreter cannot vet compile for sm_90 (the H200) without a GPU: the
-top-k's, and the window fill's two forms (a constexpr-chosen start).
+top-k's, the window fill's two forms (a constexpr-chosen start), and the paged indexer logits'
+grids, PTX unpack and tensor-descriptor (TMA) loads, and sparse MLA decode's optional launch
+variants (whole rows at 8 warps, e4m3 decoded by moving bits).
 
 The CPU interpreter runs a kernel as Python, so it misses what only Triton's compiler rejects:
 ``search_pairs`` ran exactly in the interpreter and failed to compile on its first H200 sweep
@@ -21,6 +23,61 @@ SELECT = ("thresh_ptr", "count_ptr", "cand_key_ptr", "cand_idx_ptr", "out_ptr")
 COMPACT = ("live_ptr", "nlive_ptr", "thresh_ptr", "count_ptr", "cand_key_ptr", "cand_idx_ptr")
 THRESHOLD = ("max_ptr", "thresh_ptr", "count_ptr", "live_ptr", "nlive_ptr")
 SCALARS = {"row_stride": "i64", "L": "i32", "k": "i32"}
+# indexer_logits' paged kernels at the engine's decode shape: 64 heads, fp8 queries and keys.
+PAGED = {
+    "q_ptr": "*fp8e4nv",
+    "w_ptr": "*fp32",
+    "cache_ptr": "*u8",
+    "table_ptr": "*i32",
+    "lens_ptr": "*i32",
+    "out_ptr": "*fp32",
+    "cache_block_stride": "i64",
+    "table_stride": "i32",
+    "out_stride": "i32",
+    "max_ctx": "i32",
+    "num_ctx_blocks": "i32",
+    "key_rows": "i32",
+}
+SPLIT = {**PAGED, "SPLITS": "i32"}
+PERSISTENT = {**PAGED, "batch": "i32"}
+DECODE = {
+    "H": 64,
+    "NEXT_N": 1,
+    "NP": 1,
+    "HP": 64,
+    "BLOCK_SIZE": 64,
+    "ELEM_BYTES": 128,
+    "FMT": 0,
+    "Q_FP8": True,
+    "WIDE": "bf16",
+    "STEP": 1,
+    "FOLD": False,
+    "TMA": False,
+}
+# sparse_mla's decode kernel over fp8_ds_mla rows, the bench's shape (128 heads, top-2048)
+SPARSE_MLA = {
+    "q_ptr": "*bf16",
+    "cache_ptr": "*u8",
+    "slots_ptr": "*i32",
+    "lens_ptr": "*i32",
+    "sink_ptr": "*fp32",
+    "part_out_ptr": "*fp32",
+    "part_lse_ptr": "*fp32",
+    **dict.fromkeys(("k", "H", "chunk", "block_size"), "i32"),
+    "cache_block_stride": "i64",
+    "cache_row_stride": "i64",
+    "scale_log2": "fp32",
+}
+MLA_DECODE = {
+    "HAS_LENS": True,
+    "HAS_SINK": False,
+    "ROW": 0,
+    "WIDE": "bf16",
+    "BLOCK_H": 128,
+    "BLOCK_N": 32,
+    "V_PARTS": 2,
+    "BF16_POSITION": False,
+}
 # kernel -> (signature, constexprs)
 VARIANTS = {
     "threshold_one_bit": (
@@ -49,35 +106,30 @@ VARIANTS = {
     ),
     # mxfp4 keys with the groups folded into one product, through the PTX unpack (the CPU
     # interpreter runs the arithmetic one): the engine's decode shape, 64 heads, fp8 queries.
-    "paged_mxfp4_folded": (
-        {
-            "q_ptr": "*fp8e4nv",
-            "w_ptr": "*fp32",
-            "cache_ptr": "*u8",
-            "table_ptr": "*i32",
-            "lens_ptr": "*i32",
-            "out_ptr": "*fp32",
-            "cache_block_stride": "i64",
-            "table_stride": "i32",
-            "out_stride": "i32",
-            "max_ctx": "i32",
-            "num_ctx_blocks": "i32",
-        },
-        {
-            "H": 64,
-            "NEXT_N": 1,
-            "NP": 1,
-            "HP": 64,
-            "BLOCK_SIZE": 64,
-            "ELEM_BYTES": 64,
-            "FMT": 1,
-            "Q_FP8": True,
-            "WIDE": "bf16",
-            "STEP": 1,
-            "SPLITS": None,
-            "FOLD": True,
-        },
+    "paged_mxfp4_folded": (SPLIT, {**DECODE, "ELEM_BYTES": 64, "FMT": 1, "FOLD": True}),
+    # fp8 pages through a tensor descriptor (TMA), on either grid; the persistent grid over
+    # mxfp4 keys and over fp8 keys read through pointers.
+    "paged_fp8_tma": (SPLIT, {**DECODE, "TMA": True}),
+    "persistent_fp8": (PERSISTENT, {**DECODE, "BP": 64}),
+    "persistent_fp8_tma": (PERSISTENT, {**DECODE, "TMA": True, "BP": 64}),
+    "persistent_mxfp4_folded": (
+        PERSISTENT,
+        {**DECODE, "ELEM_BYTES": 64, "FMT": 1, "FOLD": True, "BP": 64},
     ),
+    # sparse MLA decode: one program owns all 512 output columns of 64 heads; the e4m3 codes
+    # decoded by moving bits, alone and with whole rows.
+    "mla_whole_rows": (SPARSE_MLA, {**MLA_DECODE, "BLOCK_H": 64, "V_PARTS": 4}),
+    "mla_bf16_position": (SPARSE_MLA, {**MLA_DECODE, "BF16_POSITION": True}),
+    "mla_whole_rows_bf16_position": (
+        SPARSE_MLA,
+        {**MLA_DECODE, "BLOCK_H": 64, "V_PARTS": 4, "BF16_POSITION": True},
+    ),
+}
+# Triton's default is 4 warps; sparse MLA decode launches 8.
+NUM_WARPS = {
+    "mla_whole_rows": 8,
+    "mla_bf16_position": 8,
+    "mla_whole_rows_bf16_position": 8,
 }
 
 
@@ -88,7 +140,11 @@ def _compile(variant: str) -> int:
     from triton.compiler import ASTSource
 
     from hwrun.kernels.triton import index_key_tiles
-    from hwrun.kernels.triton.indexer_logits import _paged_logits_kernel
+    from hwrun.kernels.triton.indexer_logits import (
+        _paged_logits_kernel,
+        _persistent_paged_logits_kernel,
+    )
+    from hwrun.kernels.triton.sparse_mla import _sparse_mla_decode_kernel
     from hwrun.kernels.triton.topk_select import select_candidates
     from hwrun.kernels.triton.topk_threshold import _compact_live, _threshold
     from hwrun.kernels.triton.window_fill import _fill_outside
@@ -99,18 +155,18 @@ def _compile(variant: str) -> int:
         "compact": _compact_live,
         "fill": _fill_outside,
         "paged": _paged_logits_kernel,
+        "persistent": _persistent_paged_logits_kernel,
+        "mla": _sparse_mla_decode_kernel,
     }
     index_key_tiles.UNPACK_PTX = triton.language.constexpr(True)  # as on a CUDA machine
     signature, constexprs = VARIANTS[variant]
     constexprs = dict(constexprs)
-    if "SPLITS" in constexprs:  # a runtime argument of the kernel
-        del constexprs["SPLITS"]
-        signature = {**signature, "SPLITS": "i32"}
     if constexprs.get("WIDE") == "bf16":
         constexprs["WIDE"] = triton.language.bfloat16
     signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     source = ASTSource(kernel[variant.split("_")[0]], signature, constexprs)
-    return len(triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"])
+    options = {"num_warps": NUM_WARPS.get(variant, 4)}
+    return len(triton.compile(source, GPUTarget("cuda", 90, 32), options).asm["cubin"])
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
