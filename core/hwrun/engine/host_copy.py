@@ -16,11 +16,7 @@ import torch
 
 def to_device(values: list | np.ndarray | torch.Tensor, dtype: torch.dtype, device: torch.device):
     """``values`` as a ``dtype`` tensor on ``device``, queued without waiting on a CUDA device."""
-    if device.type != "cuda":
-        return torch.as_tensor(values, dtype=dtype).to(device)
-    if isinstance(values, np.ndarray):
-        values = torch.from_numpy(values)
     host = torch.as_tensor(values, dtype=dtype)
-    pinned = torch.empty(host.shape, dtype=dtype, pin_memory=True)
-    pinned.copy_(host)
-    return pinned.to(device, non_blocking=True)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
