@@ -210,3 +210,20 @@ def test_host_copies_are_queued_from_pinned_memory(kind):
     queued.record()
     assert not queued.query(), "the copy returned only after the device's queued work ran"
     assert copied.dtype == torch.int32 and copied.tolist() == values
+
+
+def test_a_host_copy_waits_for_its_tensor_not_for_work_queued_after_it():
+    """Async scheduling reads step N's tokens once step N+1 is queued: HostCopy's read waits
+    for the copy alone, where a plain tolist() waits for the whole stream (shown here too, so
+    the test tells the two apart)."""
+    from hwrun.engine.host_copy import HostCopy
+
+    for use_host_copy in (True, False):
+        tokens = torch.arange(64, device="cuda") * 3
+        copy = HostCopy(tokens) if use_host_copy else tokens
+        torch.cuda._sleep(1_000_000_000)  # ~0.5 s of device time queued after the tokens
+        later = torch.cuda.Event()
+        later.record()
+        assert copy.tolist() == list(range(0, 192, 3))
+        assert later.query() is not use_host_copy
+        later.synchronize()

@@ -35,7 +35,7 @@ from hwrun.engine.batch import ChunkLogits, ScheduledChunk
 from hwrun.engine.block_manager import BlockManager
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.errors import PromptError
-from hwrun.engine.host_copy import to_device
+from hwrun.engine.host_copy import HostCopy, to_device
 from hwrun.engine.outputs import CompletionOutput, RequestOutput
 from hwrun.engine.sampling_params import SamplingParams
 from hwrun.engine.scheduler import Scheduler
@@ -54,12 +54,14 @@ TOKENIZER_FROM_CHECKPOINT: Any = object()  # default of tokenizer=: load the che
 @dataclass
 class _Launched:
     """A step whose device work is queued: its sequences, chunks and the runner's results, and
-    its tokens, sampled on the device, when it is a step of decodes (async scheduling only)."""
+    its tokens, sampled on the device, when it is a step of decodes (async scheduling only),
+    with their copy to the host queued right after them."""
 
     seqs: list[Sequence]
     chunks: list[ScheduledChunk]
     results: list[ChunkLogits]
     tokens: torch.Tensor | None
+    host_tokens: HostCopy | None = None
 
 
 class LLMEngine:
@@ -224,7 +226,7 @@ class LLMEngine:
             results = self.runner.execute(chunks)
         else:
             results = self.runner.execute(chunks, input_ids=input_ids)
-        tokens = None
+        tokens = host_tokens = None
         # A step of decodes: its tokens sampled now, left on the device, so the next step can
         # be launched before they reach the host (each request's generator draws in the same
         # order as when sampled at read time).
@@ -233,7 +235,8 @@ class LLMEngine:
             tokens = sampler.sample_on_device(
                 rows, [seq.params for seq in seqs], [seq.generator(rows.device) for seq in seqs]
             )
-        return _Launched(seqs, chunks, results, tokens)
+            host_tokens = HostCopy(tokens)  # read after the next step is queued
+        return _Launched(seqs, chunks, results, tokens, host_tokens)
 
     def _record(self, launched: _Launched) -> None:
         """What the step computed: positions, full blocks into the prefix cache, prompt
@@ -283,7 +286,7 @@ class LLMEngine:
             generators = [seq.generator(rows[0].device) for _, seq, _ in due]
             tokens, logprobs = sampler.sample(torch.stack(rows), params, generators)
         else:  # sampled at launch (async scheduling)
-            launched_tokens = launched.tokens.tolist()
+            launched_tokens = launched.host_tokens.tolist()
             tokens = [launched_tokens[row] for row, _, _ in due]
             logprobs = sampler.token_logprobs(rows, tokens, params)
         outputs = []
