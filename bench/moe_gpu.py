@@ -33,7 +33,9 @@ from gpu_bench_common import Row, bench, markdown, start_run, write_results
 from hwrun.kernels.triton import moe, moe_align
 from hwrun.ops.quantized_weight import QuantizedWeight
 
-EXPERTS, HIDDEN, INTER, TOP_K = 256, 7168, 2048, 8
+SHAPES = {"deepseek-v3": (256, 7168, 2048), "bench-model": (64, 4096, 512)}
+EXPERTS, HIDDEN, INTER = SHAPES["deepseek-v3"]  # main() may rebind them (--shape)
+TOP_K = 8
 
 
 def fp8_weight(lead: tuple[int, ...], rows: int, cols: int, name: str) -> QuantizedWeight:
@@ -105,6 +107,8 @@ TUNE_GRID = [
     moe.TileConfig(16, 64, 128, 4, 4),
     moe.TileConfig(16, 128, 128, 4, 3),
     moe.TileConfig(16, 64, 64, 4, 5),
+    moe.TileConfig(16, 32, 128, 4, 6),
+    moe.TileConfig(32, 32, 128, 4, 4),
     moe.TileConfig(32, 64, 128, 4, 4),
     moe.TileConfig(64, 64, 128, 4, 3),
     moe.TileConfig(64, 128, 128, 8, 3),
@@ -224,14 +228,25 @@ def main() -> None:
     parser.add_argument("--no-peers", action="store_true", help="skip DeepGEMM")
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop tuning/peers after")
     parser.add_argument("--out", default=None, help="directory for moe.md, moe.json, moe.log")
+    parser.add_argument(
+        "--shape",
+        default="deepseek-v3",
+        choices=["deepseek-v3", "bench-model"],
+        help="experts x hidden x expert width: 256 x 7168 x 2048, or bench/build_bench_model.py's "
+        "64 x 4096 x 512",
+    )
+    parser.add_argument("--no-prefill", action="store_true", help="skip the sparse MLA prefill row")
     args = parser.parse_args()
+    global EXPERTS, HIDDEN, INTER
+    EXPERTS, HIDDEN, INTER = SHAPES[args.shape]
     deadline = time.monotonic() + args.budget_s
     ceil, head = start_run()
     log: list[str] = []
     tokens = [int(t) for t in args.tokens.split(",")]
     rows = moe_rows(ceil, tokens, args.tune, not args.no_peers, log, deadline, args.weights)
     try:
-        rows.append(prefill_row(ceil))
+        if not args.no_prefill:
+            rows.append(prefill_row(ceil))
     except Exception as exc:  # keep the MoE numbers
         print(f"prefill row failed: {type(exc).__name__}: {exc}", flush=True)
     write_results(args.out, "moe", "moe_gpu", head, rows, log)
