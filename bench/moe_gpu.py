@@ -101,6 +101,8 @@ PREFILL_GRID = [
     moe.TileConfig(64, 64, 128, 8, 3),
     moe.TileConfig(128, 64, 128, 8, 3),
     moe.TileConfig(64, 128, 64, 4, 3),
+    moe.TileConfig(64, 128, 64, 4, 3, f16_products=True),
+    moe.TileConfig(128, 64, 128, 8, 3, f16_products=True),
 ]
 TUNE_GRID = [
     moe.TileConfig(16, 32, 128, 4, 4),
@@ -113,6 +115,22 @@ TUNE_GRID = [
     moe.TileConfig(64, 64, 128, 4, 3),
     moe.TileConfig(64, 128, 128, 8, 3),
     moe.TileConfig(128, 128, 64, 8, 3),
+    # W @ x^T (swap_ab): the weight rows on the warpgroup MMA's M side, the slots on N
+    moe.TileConfig(16, 64, 128, 4, 4, swap_ab=True),
+    moe.TileConfig(16, 64, 128, 4, 6, swap_ab=True),
+    moe.TileConfig(16, 128, 128, 4, 3, swap_ab=True),
+    moe.TileConfig(16, 128, 128, 4, 4, swap_ab=True),
+    moe.TileConfig(16, 128, 128, 8, 4, swap_ab=True),
+    moe.TileConfig(16, 256, 128, 8, 3, swap_ab=True),
+    moe.TileConfig(32, 128, 128, 4, 3, swap_ab=True),
+    # e4m3 codes into f16 products (one conversion per two codes), activation rows scaled
+    moe.TileConfig(16, 32, 128, 4, 4, f16_products=True),
+    moe.TileConfig(16, 32, 128, 4, 3, f16_products=True),
+    moe.TileConfig(16, 64, 128, 4, 4, f16_products=True),
+    moe.TileConfig(32, 64, 128, 4, 4, f16_products=True),
+    moe.TileConfig(16, 64, 128, 4, 4, swap_ab=True, f16_products=True),
+    moe.TileConfig(16, 128, 128, 4, 4, swap_ab=True, f16_products=True),
+    moe.TileConfig(32, 128, 128, 4, 3, swap_ab=True, f16_products=True),
 ]
 
 

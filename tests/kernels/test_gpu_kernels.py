@@ -259,6 +259,30 @@ def test_moe_experts_deepseek_v3_shapes(tokens):
     _moe_close(got, reference(x, w13, w2, ids, weights, "bf16", shared))
 
 
+@pytest.mark.parametrize("tokens", [1, 64])
+@pytest.mark.parametrize(
+    "block_n,swap_ab,f16",
+    [(64, True, False), (128, True, False), (32, False, True), (64, True, True)],
+)
+def test_moe_experts_decode_tile_variants_bench_model_shapes(tokens, block_n, swap_ab, f16):
+    """W @ x^T tiles (swap_ab) and f16 products at the bench model's experts: 64 experts, top
+    8, hidden 4096, width 512, one shared expert as group E."""
+    from hwrun.kernels.triton.moe import TileConfig, experts
+    from hwrun.ops.moe_experts import experts as reference
+
+    num_experts, hidden, inter, k = 64, 4096, 512, 8
+    w13 = _fp8_experts(num_experts, 2 * inter, hidden, "w13")
+    w2 = _fp8_experts(num_experts, hidden, inter, "w2")
+    shared = (_fp8_experts(0, 2 * inter, hidden, "sw13"), _fp8_experts(0, hidden, inter, "sw2"))
+    x = (torch.randn(tokens, hidden, device="cuda") * 0.1).to(torch.bfloat16)
+    ids = torch.rand(tokens, num_experts, device="cuda").argsort(1)[:, :k].to(torch.int32)
+    ids[0, 2] = -1
+    weights = torch.rand(tokens, k, device="cuda")
+    tiles = TileConfig(16, block_n, 128, 4, 4, swap_ab=swap_ab, f16_products=f16)
+    got = experts(x, w13, w2, ids, weights, "bf16", shared, tiles=tiles)
+    _moe_close(got, reference(x, w13, w2, ids, weights, "bf16", shared))
+
+
 def _int4_experts(experts, rows, cols, name):
     """A random int4_g128 weight (W4A16) built from codes: every nibble, scales around 0.02."""
     from hwrun.ops.quantized_weight import QuantizedWeight

@@ -72,6 +72,59 @@ def test_many_rows_per_expert_span_several_row_blocks():
     _close(experts(**args, tiles=tiles), reference(**args))
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_swapped_tiles_match_the_reference(fmt):
+    # W @ x^T tiles (swap_ab): 16-slot row blocks as the product's N side, partial blocks,
+    # unserved slots and the shared experts as group E, in each weight format.
+    g = torch.Generator().manual_seed(19)
+    args = _problem(g, fmt, 11, 6, 256, 64, 3, shared_inter=64)
+    args["ids"][2, 0] = -1
+    tiles = TileConfig(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=1, swap_ab=True)
+    _close(experts(**args, tiles=tiles), reference(**args))
+
+
+@pytest.mark.parametrize("swap_ab", [False, True])
+@pytest.mark.parametrize("fmt", ["fp8_block128", "fp8_block128_ue8m0"])
+def test_f16_products_match_the_reference_across_the_bf16_range(fmt, swap_ab):
+    # f16 products scale each activation row by a power of two into f16's range: rows whose
+    # magnitudes sit far outside it (1e15, 1e-15; their intermediates square that) and span
+    # many binades inside one row must still match, as must an all-zero row.
+    g = torch.Generator().manual_seed(21)
+    args = _problem(g, fmt, 7, 4, 256, 128, 2, shared_inter=128)
+    x = args["x"].float()
+    x[1] *= 1e15
+    x[2] *= 1e-15
+    x[3] *= torch.logspace(-12, 12, x.shape[1]).to(x.dtype)  # 24 decades in one row
+    x[4] = 0
+    args["x"] = x.to(torch.bfloat16)
+    tiles = TileConfig(16, 32, 64, 4, 1, swap_ab=swap_ab, f16_products=True)
+    got, want = experts(**args, tiles=tiles), reference(**args)
+    assert torch.isfinite(want.float()).all()
+    for row in range(got.shape[0]):  # rows differ by up to 60 decades: each at its own scale
+        _close(got[row : row + 1], want[row : row + 1])
+
+
+def test_f16_products_hold_rows_that_f16_alone_would_overflow():
+    # Without the row scaling the 1e15 rows would overflow f16: the kernel's output there is
+    # finite and right, so the test above can tell a missing scale.
+    g = torch.Generator().manual_seed(22)
+    args = _problem(g, "fp8_block128", 2, 2, 128, 128, 1)
+    args["x"] = (args["x"].float() * 1e15).to(torch.bfloat16)
+    assert not torch.isfinite(args["x"].float().to(torch.float16)).all()
+    tiles = TileConfig(16, 32, 64, 4, 1, f16_products=True)
+    got = experts(**args, tiles=tiles)
+    assert torch.isfinite(got.float()).all()
+    _close(got, reference(**args))
+
+
+def test_swapped_tiles_refuse_int4_weights():
+    g = torch.Generator().manual_seed(20)
+    args = _problem(g, "int4_g128", 2, 2, 128, 128, 1)
+    tiles = TileConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1, swap_ab=True)
+    with pytest.raises(ValueError, match="swap_ab tiles take bf16 or fp8 weights"):
+        experts(**args, tiles=tiles)
+
+
 def test_partial_scale_tiles_and_fp32_input():
     # I = 80: gate rows [0, 80) and up rows [80, 160) cut the 128-row scale tiles unevenly;
     # D = 160 ends in a partial K tile.

@@ -59,13 +59,19 @@ from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 @dataclass(frozen=True)
 class TileConfig:
     """Launch shape of the two GEMM kernels (BLOCK_K must divide 128: one scale tile or int4
-    group per step)."""
+    group per step). With ``swap_ab`` each product is computed transposed, weight rows by slot
+    rows (``W @ x^T``): the weight tile is the matrix units' M side, so a row block of a few
+    decode slots pads the N side (16 at least) instead of M (64 for Hopper's warpgroup MMA).
+    With ``f16_products``, e4m3 weight tiles meet the activations in f16 (each activation row
+    scaled by a power of two into f16's range, see ``_rows_in_f16``) instead of bf16."""
 
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
+    swap_ab: bool = False
+    f16_products: bool = False
 
 
 # Tuned on the H200 at DeepSeek-V3 expert shapes (docs/benchmarks.md), by rows per expert.
@@ -101,6 +107,93 @@ def _expert_weights(
 
 
 @triton.jit
+def _scaled_product(
+    acc, a, w, scale, a_scale, FORMAT: tl.constexpr, SWAP_AB: tl.constexpr, F16: tl.constexpr
+):
+    """``acc`` plus one K step's product of the activation tile ``a`` [BLOCK_M, BLOCK_K] and the
+    weight tile ``w`` [BLOCK_N, BLOCK_K], scaled per weight row (``scale``) and, with F16, per
+    activation row (``a_scale``, undoing :func:`_rows_in_f16`): acc is [BLOCK_M, BLOCK_N], or
+    [BLOCK_N, BLOCK_M] with SWAP_AB."""
+    if SWAP_AB:
+        if FORMAT == 0:
+            acc = tl.dot(w, tl.trans(a), acc)
+        elif F16:
+            acc += tl.dot(w, tl.trans(a)) * (scale[:, None] * a_scale[None, :])
+        else:
+            acc += tl.dot(w, tl.trans(a)) * scale[:, None]
+    else:
+        if FORMAT == 0:
+            acc = tl.dot(a, tl.trans(w), acc)
+        elif F16:
+            acc += tl.dot(a, tl.trans(w)) * (a_scale[:, None] * scale[None, :])
+        else:
+            acc += tl.dot(a, tl.trans(w)) * scale[None, :]
+    return acc
+
+
+@triton.jit
+def _rows_in_f16(a):
+    """An activation tile [BLOCK_M, BLOCK_K] (bf16 values) as f16 and each row's 2^-s, with 2^s
+    putting the row's largest magnitude in [2^14, 2^15).
+
+    So e4m3 weight codes can go to the matrix units as f16 (one conversion for two codes; bf16
+    takes three instructions a code through f16). Scaling by a power of two is exact, and f16's
+    normal range holds every value from the row's largest down to 2^-29 of it with bf16's 8
+    significant bits, so those are exact; smaller values round in f16's subnormals, an error of
+    at most 2^-39 of the row's largest magnitude, far below the fp32 sums' own rounding."""
+    amax = tl.max(tl.abs(a), axis=1)
+    exponent = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    s = tl.minimum(tl.maximum(14 - exponent, -126), 126)  # 2^s and 2^-s are normal fp32
+    up = ((s + 127) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - s) << 23).to(tl.float32, bitcast=True)
+    return (a * up[:, None]).to(tl.float16), down
+
+
+@triton.jit
+def _activation_tile(a, WIDE: tl.constexpr, F16: tl.constexpr):
+    """A loaded activation tile in the products' input dtype, and its rows' scales (F16: see
+    :func:`_rows_in_f16`; otherwise unused ones)."""
+    if F16:
+        a, a_scale = _rows_in_f16(a.to(tl.float32))
+    else:
+        a = a.to(WIDE)
+        a_scale = tl.full((a.shape[0],), 1.0, tl.float32)
+    return a, a_scale
+
+
+@triton.jit
+def _tile_zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    """An fp32 accumulator in :func:`_scaled_product`'s orientation."""
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    return acc
+
+
+@triton.jit
+def _tile_offsets(rows, cols, SWAP_AB: tl.constexpr):
+    """``rows[:, None] * ... + cols[None, :]``-shaped sums of a row term [BLOCK_M] and a column
+    term [BLOCK_N], laid out as the accumulator is (transposed with SWAP_AB)."""
+    if SWAP_AB:  # noqa: SIM108 (statements, not a ternary: differently shaped branches)
+        out = rows[None, :] + cols[:, None]
+    else:
+        out = rows[:, None] + cols[None, :]
+    return out
+
+
+@triton.jit
+def _tile_mask(rows, cols, SWAP_AB: tl.constexpr):
+    """Where both a row mask [BLOCK_M] and a column mask [BLOCK_N] hold, in the accumulator's
+    layout."""
+    if SWAP_AB:  # noqa: SIM108 (statements, not a ternary: differently shaped branches)
+        out = rows[None, :] & cols[:, None]
+    else:
+        out = rows[:, None] & cols[None, :]
+    return out
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, D] bf16
     w_ptr,  # [E, 2I, D] bf16 or uint8 e4m3 codes
@@ -125,6 +218,8 @@ def _gate_up_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    F16: tl.constexpr,
 ):
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
@@ -140,10 +235,11 @@ def _gate_up_kernel(
     token = tl.where(valid, token, 0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < I
-    gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    gate = _tile_zeros(BLOCK_M, BLOCK_N, SWAP_AB)
+    up = _tile_zeros(BLOCK_M, BLOCK_N, SWAP_AB)
     for k0 in range(0, D, BLOCK_K):
         if FORMAT == 3:
+            tl.static_assert(not SWAP_AB, "int4_g128 tiles are not swapped")
             a_rows = x_ptr + token * D
             gate += int4_product(
                 a_rows, valid, w_base, s_base, n, n_mask, k0, D, stride_wn, stride_sn, WIDE, BLOCK_K
@@ -169,22 +265,19 @@ def _gate_up_kernel(
                 x_ptr + token[:, None] * D + kk[None, :],
                 mask=valid[:, None] & k_mask[None, :],
                 other=0,
-            ).to(WIDE)
+            )
+            a, a_scale = _activation_tile(a, WIDE, F16)
             wg, sg = weight_tile(
                 w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
             )
             wu, su = weight_tile(
                 w_base, s_base, n + I, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
             )
-            if FORMAT == 0:
-                gate = tl.dot(a, tl.trans(wg), gate)
-                up = tl.dot(a, tl.trans(wu), up)
-            else:
-                gate += tl.dot(a, tl.trans(wg)) * sg[None, :]
-                up += tl.dot(a, tl.trans(wu)) * su[None, :]
+            gate = _scaled_product(gate, a, wg, sg, a_scale, FORMAT, SWAP_AB, F16)
+            up = _scaled_product(up, a, wu, su, a_scale, FORMAT, SWAP_AB, F16)
     h = gate / (1.0 + tl.exp(-gate)) * up
-    out = h_ptr + rows.to(tl.int64)[:, None] * I + n[None, :]
-    tl.store(out, h.to(tl.bfloat16), mask=valid[:, None] & n_mask[None, :])
+    out = h_ptr + _tile_offsets(rows.to(tl.int64) * I, n, SWAP_AB)
+    tl.store(out, h.to(tl.bfloat16), mask=_tile_mask(valid, n_mask, SWAP_AB))
 
 
 @triton.jit
@@ -212,6 +305,8 @@ def _down_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    F16: tl.constexpr,
 ):
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
@@ -225,9 +320,10 @@ def _down_kernel(
     valid = slot >= 0
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < D
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc = _tile_zeros(BLOCK_M, BLOCK_N, SWAP_AB)
     for k0 in range(0, I, BLOCK_K):
         if FORMAT == 3:
+            tl.static_assert(not SWAP_AB, "int4_g128 tiles are not swapped")
             acc += int4_product(
                 h_ptr + rows.to(tl.int64) * I,
                 valid,
@@ -249,19 +345,21 @@ def _down_kernel(
                 h_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
                 mask=valid[:, None] & k_mask[None, :],
                 other=0,
-            ).to(WIDE)
+            )
+            a, a_scale = _activation_tile(a, WIDE, F16)
             w, s = weight_tile(
                 w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
             )
-            if FORMAT == 0:
-                acc = tl.dot(a, tl.trans(w), acc)
-            else:
-                acc += tl.dot(a, tl.trans(w)) * s[None, :]
+            acc = _scaled_product(acc, a, w, s, a_scale, FORMAT, SWAP_AB, F16)
     safe_slot = tl.where(valid, slot, 0).to(tl.int64)
     routed = valid & (safe_slot < N)
     route = tl.where(routed, tl.load(route_ptr + safe_slot, mask=routed, other=0.0), 1.0)
-    out = out_ptr + safe_slot[:, None] * D + n[None, :]
-    tl.store(out, acc * route[:, None], mask=valid[:, None] & n_mask[None, :])
+    if SWAP_AB:  # noqa: SIM108 (statements, not a ternary: differently shaped branches)
+        acc = acc * route[None, :]
+    else:
+        acc = acc * route[:, None]
+    out = out_ptr + _tile_offsets(safe_slot * D, n, SWAP_AB)
+    tl.store(out, acc, mask=_tile_mask(valid, n_mask, SWAP_AB))
 
 
 @triton.jit
@@ -321,6 +419,13 @@ def _can_fuse_shared(
     return True
 
 
+def _product_dtype(w: QuantizedWeight, tiles: TileConfig) -> dict:
+    """The kernels' WIDE and F16 for one weight: f16 products for e4m3 codes when the tiles ask
+    for them, else bf16 (fp32 in the interpreter)."""
+    f16 = tiles.f16_products and w.format in ("fp8_block128", "fp8_block128_ue8m0")
+    return {"WIDE": tl.float16 if f16 else wide_dtype(), "F16": f16}
+
+
 def _swiglu_grouped(
     x: torch.Tensor,  # [T, D] bf16
     w13: QuantizedWeight,  # [E, 2I, D] or [2I, D]
@@ -342,10 +447,10 @@ def _swiglu_grouped(
     group_e = w13.shape[0] if w13.data.dim() == 3 else 0
     common = {
         "HAS_SHARED": shared is not None,
-        "WIDE": wide_dtype(),
         "BLOCK_M": tiles.block_m,
         "BLOCK_N": tiles.block_n,
         "BLOCK_K": tiles.block_k,
+        "SWAP_AB": tiles.swap_ab,
         "num_warps": tiles.num_warps,
         "num_stages": tiles.num_stages,
     }
@@ -354,14 +459,14 @@ def _swiglu_grouped(
     _gate_up_kernel[(layout.num_blocks, triton.cdiv(inter, tiles.block_n))](
         x, data, scales, shared_data, shared_scales, layout.sorted_slots, layout.block_expert, h,
         hidden, inter, layout.routed_slots, top_k, group_e, we, wn, se, sn,
-        FORMAT=FORMAT_CODES[w13.format], **common,
+        FORMAT=FORMAT_CODES[w13.format], **_product_dtype(w13, tiles), **common,
     )  # fmt: skip
     data, scales, we, wn, se, sn = _weight_args(w2)
     shared_data, shared_scales = _weight_args(shared[1])[:2] if shared else (data, scales)
     _down_kernel[(layout.num_blocks, triton.cdiv(hidden, tiles.block_n))](
         h, data, scales, shared_data, shared_scales, layout.sorted_slots, layout.block_expert,
         route, out, hidden, inter, layout.routed_slots, group_e, we, wn, se, sn,
-        FORMAT=FORMAT_CODES[w2.format], **common,
+        FORMAT=FORMAT_CODES[w2.format], **_product_dtype(w2, tiles), **common,
     )  # fmt: skip
     return out
 
@@ -383,6 +488,8 @@ def _check(
     for w in weights:
         if w.format not in WEIGHT_FORMATS:
             problems.append(f"{w.name} is {w.format}; the kernel reads {list(WEIGHT_FORMATS)}")
+    if tiles.swap_ab and any(w.format == "int4_g128" for w in weights):
+        problems.append("swap_ab tiles take bf16 or fp8 weights; int4_g128 runs unswapped")
     if FP8_BLOCK % tiles.block_k and any(w.format != "bf16" for w in weights):
         problems.append(
             f"block_k {tiles.block_k} must divide the fp8 scale tile {FP8_BLOCK} and the int4 "
