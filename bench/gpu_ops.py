@@ -75,26 +75,20 @@ def indexer_rows(ceil, tune, log):
                 return indexer_logits.logits_paged(q, w, cache, fmt, table, lens, ctx, **cfg)
 
             cfg = {}
-            if tune and batch > 1:
-                # The split grid against the persistent one (untimed so far); fp8 pages also
-                # through tensor descriptors (tma, one page a step); mxfp4 also with the groups
-                # folded into one product (fold_groups, untimed so far).
-                launches = [{"splits": 8 * sms // batch}] + [
-                    {"persistent": True, "programs_per_sm": per_sm} for per_sm in (2, 4)
-                ]
-                tmas = (False, True) if fmt == "fp8" else (False,)
-                folds = (False, True) if fmt == "mxfp4" else (False,)
+            if tune:
+                # 2026-12-03's sweep: stages were the lever for fp8 (4 -> 6: 437 -> 365 us),
+                # tensor descriptors 6% more; the persistent grid and folded mxfp4 groups were
+                # slower everywhere (docs/benchmarks.md). Deeper pipelines and wider splits now.
+                # Batch 1 keeps the default split (~4 pages a program).
+                splits = [None] if batch == 1 else [per_sm * sms // batch for per_sm in (8, 16)]
+                stages = (4, 6, 8, 10) if fmt == "fp8" else (2, 3, 4)
                 grid = [
-                    launch
-                    | {"num_warps": nw, "num_stages": st, "step": sp}
-                    | ({"tma": True} if tma else {})
-                    | ({"fold_groups": True} if fold else {})
-                    for launch in launches
-                    for tma in tmas
+                    {"splits": split, "num_warps": 4, "num_stages": st, "step": sp}
+                    | ({"tma": tma} if fmt == "fp8" else {})
+                    for split in (splits if fmt == "fp8" else splits[:1])
+                    for tma in ((False, True) if fmt == "fp8" else (False,))
                     for sp in ((1,) if tma else (1, 2))
-                    for nw in (4, 8)
-                    for st in (3, 4, 6)
-                    for fold in folds
+                    for st in stages
                 ]
                 cfg = _tune(f"logits_paged {fmt} B={batch}", run, grid, log)
             us = bench(lambda run=run, cfg=cfg: run(**cfg))

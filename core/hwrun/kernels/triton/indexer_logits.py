@@ -341,6 +341,17 @@ def _tma_reasons(fmt: str, step: int, cache: torch.Tensor, block_size: int) -> l
     return reasons
 
 
+def _nvidia_sm90_or_later(device: torch.device) -> bool:
+    """An NVIDIA GPU of Hopper's generation or later (its tensor copy engine, its shared
+    memory for deep pipelines), not ROCm and not the interpreter: what the defaults were
+    tuned on."""
+    return (
+        device.type == "cuda"
+        and torch.version.hip is None
+        and torch.cuda.get_device_capability(device)[0] >= 9
+    )
+
+
 def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     # Tensor descriptors built inside a kernel live in global memory that Triton asks for at
     # launch (128 B a program); torch's allocator serves it, also under graph capture.
@@ -357,22 +368,27 @@ def logits_paged(
     max_ctx: int,
     splits: int | None = None,
     num_warps: int = 4,
-    num_stages: int = 4,
+    num_stages: int | None = None,
     step: int = 1,
     fold_groups: bool = False,
     persistent: bool = False,
     programs_per_sm: int = 4,
-    tma: bool = False,
+    tma: bool | None = None,
 ) -> torch.Tensor:  # [B * n, max_ctx] float32, -inf past each row's length
-    """Launch options, each (optional) and off by default until timed on the H200:
+    """Launch options (optional; the defaults are the H200 sweep's best, docs/benchmarks.md):
 
+    ``num_stages`` (default 6 for fp8 keys on Hopper and later, else 4): pages in flight per
+    program.
+    ``tma`` (fp8 keys, ``step`` 1, a page stride that is a multiple of 128 B): each page's keys
+    load as one tile through a tensor descriptor (Hopper's copy engine), scales as before; by
+    default on an NVIDIA GPU of compute capability 9 or later wherever the cache allows it.
     ``fold_groups`` (mxfp4 keys): one K=128 product per key tile with the groups' powers of
-    two folded into the e4m3 codes, where exact (index_key_tiles.mxfp4_key_scores_folded).
+    two folded into the e4m3 codes, where exact (index_key_tiles.mxfp4_key_scores_folded);
+    off: slower than the four group products on the H200 (1012 against 619 us at B=64).
     ``persistent``: the persistent grid instead of the split one (``splits`` then unused):
     min(B * steps, multiprocessors * ``programs_per_sm``) programs, each scoring an equal share
-    of all requests' key steps, so no wave of programs runs part-empty.
-    ``tma`` (fp8 keys, ``step`` 1, a page stride that is a multiple of 128 B): each page's keys
-    load as one tile through a tensor descriptor (Hopper's copy engine), scales as before.
+    of all requests' key steps, so no wave of programs runs part-empty; off: no faster than the
+    split grid on the H200.
     """
     B, n = q.shape[0], q.shape[1]
     H = _check_common(q, weights, fmt, B * n, "logits_paged")
@@ -401,8 +417,12 @@ def logits_paged(
         )
     if persistent and programs_per_sm < 1:
         raise ValueError(f"logits_paged: programs_per_sm must be >= 1, got {programs_per_sm}")
-    if tma and (reasons := _tma_reasons(fmt, step, cache, block_size)):
+    if tma is None:
+        tma = _nvidia_sm90_or_later(q.device) and not _tma_reasons(fmt, step, cache, block_size)
+    elif tma and (reasons := _tma_reasons(fmt, step, cache, block_size)):
         raise ValueError("logits_paged: tma=True cannot run: " + "; ".join(reasons))
+    if num_stages is None:
+        num_stages = 6 if fmt == "fp8" and _nvidia_sm90_or_later(q.device) else 4
     out = torch.empty((B * n, max_ctx), dtype=torch.float32, device=q.device)
     if B == 0 or max_ctx == 0:
         return out
