@@ -24,6 +24,7 @@ INTERPRETER_MODULES = {
     "test_lse_combine.py",
     "test_kv_write.py",
     "test_moe.py",
+    "test_f16_rows.py",
     "test_linear.py",
     "test_moe_route.py",
     "test_to_slots.py",

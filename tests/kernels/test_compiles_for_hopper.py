@@ -1,8 +1,7 @@
 """Kernel variants the interpreter cannot vet compile for sm_90 (the H200) without a GPU: the
 top-k's, the window fill's two forms (a constexpr-chosen start), and the paged indexer logits'
 grids, PTX unpack and tensor-descriptor (TMA) loads, sparse MLA decode's optional launch
-variants (whole rows at 8 warps, e4m3 decoded by moving bits), and the fused MoE's swapped
-(``W @ x^T``) decode tiles and f16 products.
+variants (whole rows at 8 warps, e4m3 decoded by moving bits), and the fused MoE's f16 products.
 
 The CPU interpreter runs a kernel as Python, so it misses what only Triton's compiler rejects:
 ``search_pairs`` ran exactly in the interpreter and failed to compile on its first H200 sweep
@@ -91,21 +90,24 @@ MOE_WEIGHTS = {
 MOE_STRIDES = {"stride_we": "i64", "stride_wn": "i32", "stride_se": "i64", "stride_sn": "i32"}
 GATE_UP = {
     "x_ptr": "*bf16",
+    "xs_ptr": "*fp32",
     **MOE_WEIGHTS,
     "h_ptr": "*bf16",
+    "hs_ptr": "*fp32",
     **dict.fromkeys(("D", "I", "N", "top_k", "E"), "i32"),
     **MOE_STRIDES,
 }
 DOWN = {
     "h_ptr": "*bf16",
+    "hs_ptr": "*fp32",
     **MOE_WEIGHTS,
     "route_ptr": "*fp32",
     "out_ptr": "*fp32",
     **dict.fromkeys(("D", "I", "N", "E"), "i32"),
     **MOE_STRIDES,
 }
-MOE_TILES = {"FORMAT": 1, "HAS_SHARED": True, "WIDE": "bf16", "BLOCK_K": 128, "F16": False}
-MOE_F16 = {**MOE_TILES, "WIDE": "fp16", "F16": True}
+# f16 products (the decode tiles' default): x and h read as f16 with their row scales
+MOE_F16 = {"FORMAT": 1, "HAS_SHARED": True, "WIDE": "fp16", "F16": True, "BLOCK_M": 16}
 # kernel -> (signature, constexprs)
 VARIANTS = {
     "threshold_one_bit": (
@@ -152,12 +154,14 @@ VARIANTS = {
         SPARSE_MLA,
         {**MLA_DECODE, "BLOCK_H": 64, "V_PARTS": 4, "BF16_POSITION": True},
     ),
-    # moe.experts with weight rows on the warpgroup MMA's M side (swap_ab, decode tiles)
-    "gateup_swapped": (GATE_UP, {**MOE_TILES, "BLOCK_M": 16, "BLOCK_N": 128, "SWAP_AB": True}),
-    "down_swapped": (DOWN, {**MOE_TILES, "BLOCK_M": 16, "BLOCK_N": 128, "SWAP_AB": True}),
-    # and with f16 products (activation rows scaled into f16), either orientation
-    "gateup_f16": (GATE_UP, {**MOE_F16, "BLOCK_M": 16, "BLOCK_N": 32, "SWAP_AB": False}),
-    "down_f16_swapped": (DOWN, {**MOE_F16, "BLOCK_M": 16, "BLOCK_N": 64, "SWAP_AB": True}),
+    "gateup_f16": (
+        {**GATE_UP, "x_ptr": "*fp16", "h_ptr": "*fp16"},
+        {**MOE_F16, "BLOCK_N": 64, "BLOCK_K": 128},
+    ),
+    "down_f16": (
+        {**DOWN, "h_ptr": "*fp16"},
+        {**MOE_F16, "BLOCK_N": 64, "BLOCK_K": 64, "H_GROUP": 64},
+    ),
 }
 # Triton's default is 4 warps; sparse MLA decode launches 8.
 NUM_WARPS = {
@@ -178,7 +182,7 @@ def _compile(variant: str) -> int:
         _paged_logits_kernel,
         _persistent_paged_logits_kernel,
     )
-    from hwrun.kernels.triton.moe import _down_kernel, _gate_up_kernel
+    from hwrun.kernels.triton.moe_kernels import _down_kernel, _gate_up_kernel
     from hwrun.kernels.triton.sparse_mla import _sparse_mla_decode_kernel
     from hwrun.kernels.triton.topk_select import select_candidates
     from hwrun.kernels.triton.topk_threshold import _compact_live, _threshold

@@ -9,8 +9,9 @@ or ``torch.unique``), so a decode step that calls it can be captured in a CUDA g
    ``BLOCK_M - 1`` rows); blocks past the last run exit at once. The shared experts are one
    more group, E, holding one slot per token (slot ``N + t``), so they ride in the same
    launches as the routed ones.
-2. ``_gate_up_kernel``: per (row block, I tile), ``x @ W13_e^T`` for the gate and the up rows
-   together, then ``silu(gate) * up`` rounded to bf16 (the contract's activation rounding).
+2. ``_gate_up_kernel`` (this and the next two live in ``moe_kernels.py``): per (row block,
+   I tile), ``x @ W13_e^T`` for the gate and the up rows together, then ``silu(gate) * up``
+   rounded to bf16 (the contract's activation rounding).
 3. ``_down_kernel``: per (row block, D tile), ``h @ W2_e^T`` times the slot's routing weight
    (1 for a shared slot), written to the slot's own fp32 row: no atomics, each element once.
 4. ``_combine_kernel``: per token, its k slot rows summed in slot order in fp32, plus its
@@ -28,6 +29,13 @@ that 128-column group. The tile decoding is weight_tiles.py's, shared with ``den
 Shared experts of another format or width than the routed ones run through the same kernels in
 launches of their own.
 
+f16 products (``TileConfig.f16_products``, the decode tiles' default on GPUs): with e4m3 weights
+the codes meet f16 activations instead of bf16 ones, one conversion for two codes instead of
+three instructions a code (f16_rows.py says why it is exact). ``x`` goes to f16 with a
+power-of-two scale per row and 128 columns in one launch before the GEMMs; the gate/up kernel
+writes the intermediate, rounded to bf16 first, as f16 with a scale per row and I tile, which
+the down kernel reads in K steps of at most that tile.
+
 Numerics against the reference (``hwrun.ops.moe_experts``): the GEMM inputs are the same bf16
 values and the products accumulate in fp32, but in tiles rather than one token at a time, so
 the bits differ (the reference is bitwise batch-invariant, this is not: a token's rows share a
@@ -44,41 +52,35 @@ import triton
 import triton.language as tl
 
 from hwrun.formats.int4 import INT4_GROUP
+from hwrun.kernels.triton.f16_rows import rows_to_f16
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.moe_align import ExpertLayout, align_by_expert
-from hwrun.kernels.triton.weight_tiles import (
-    FORMAT_CODES,
-    WEIGHT_FORMATS,
-    int4_product,
-    weight_tile,
-)
+from hwrun.kernels.triton.moe_kernels import _combine_kernel, _down_kernel, _gate_up_kernel
+from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, WEIGHT_FORMATS
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 
 
 @dataclass(frozen=True)
 class TileConfig:
     """Launch shape of the two GEMM kernels (BLOCK_K must divide 128: one scale tile or int4
-    group per step). With ``swap_ab`` each product is computed transposed, weight rows by slot
-    rows (``W @ x^T``): the weight tile is the matrix units' M side, so a row block of a few
-    decode slots pads the N side (16 at least) instead of M (64 for Hopper's warpgroup MMA).
-    With ``f16_products``, e4m3 weight tiles meet the activations in f16 (each activation row
-    scaled by a power of two into f16's range, see ``_rows_in_f16``) instead of bf16."""
+    group per step)."""
 
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
-    swap_ab: bool = False
-    f16_products: bool = False
+    f16_products: bool = False  # e4m3 weights against f16 activations (the module doc)
 
 
-# Tuned on the H200 at DeepSeek-V3 expert shapes (docs/benchmarks.md), by rows per expert.
-DECODE_TILES = TileConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)
-MIDDLE_TILES = TileConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4)
-PREFILL_TILES = TileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)
-INTERPRETER_TILES = TileConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)
+# Tuned on the H200 by rows per expert (docs/benchmarks.md): the middle and prefill tiles at
+# DeepSeek-V3's expert shapes, the decode tiles at the bench model's too (64 x 4096 x 512, where
+# f16 products took 64 tokens from 213 to 156 us in the first sweep).
+DECODE_TILES = TileConfig(16, 64, 128, num_warps=4, num_stages=4, f16_products=True)
+MIDDLE_TILES = TileConfig(32, 64, 128, num_warps=4, num_stages=4)
+PREFILL_TILES = TileConfig(64, 128, 64, num_warps=4, num_stages=3)
+INTERPRETER_TILES = TileConfig(16, 32, 32, num_warps=4, num_stages=1)
 
 
 def default_tiles(num_slots: int, num_experts: int, on_gpu: bool) -> TileConfig:
@@ -87,304 +89,9 @@ def default_tiles(num_slots: int, num_experts: int, on_gpu: bool) -> TileConfig:
     if not on_gpu:
         return INTERPRETER_TILES
     rows_per_expert = num_slots / max(num_experts, 1)
-    if rows_per_expert < 8:
+    if rows_per_expert <= 8:
         return DECODE_TILES
     return MIDDLE_TILES if rows_per_expert < 64 else PREFILL_TILES
-
-
-@triton.jit
-def _expert_weights(
-    expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED: tl.constexpr
-):
-    """Base pointers of group ``expert``'s weight and scales: group E is the shared experts."""
-    w_base = w_ptr + expert * stride_we
-    s_base = s_ptr + expert * stride_se
-    if HAS_SHARED:  # noqa: SIM102 (a constexpr test apart from the runtime one, for Triton's jit)
-        if expert == E:
-            w_base = sw_ptr
-            s_base = ss_ptr
-    return w_base, s_base
-
-
-@triton.jit
-def _scaled_product(
-    acc, a, w, scale, a_scale, FORMAT: tl.constexpr, SWAP_AB: tl.constexpr, F16: tl.constexpr
-):
-    """``acc`` plus one K step's product of the activation tile ``a`` [BLOCK_M, BLOCK_K] and the
-    weight tile ``w`` [BLOCK_N, BLOCK_K], scaled per weight row (``scale``) and, with F16, per
-    activation row (``a_scale``, undoing :func:`_rows_in_f16`): acc is [BLOCK_M, BLOCK_N], or
-    [BLOCK_N, BLOCK_M] with SWAP_AB."""
-    if SWAP_AB:
-        if FORMAT == 0:
-            acc = tl.dot(w, tl.trans(a), acc)
-        elif F16:
-            acc += tl.dot(w, tl.trans(a)) * (scale[:, None] * a_scale[None, :])
-        else:
-            acc += tl.dot(w, tl.trans(a)) * scale[:, None]
-    else:
-        if FORMAT == 0:
-            acc = tl.dot(a, tl.trans(w), acc)
-        elif F16:
-            acc += tl.dot(a, tl.trans(w)) * (a_scale[:, None] * scale[None, :])
-        else:
-            acc += tl.dot(a, tl.trans(w)) * scale[None, :]
-    return acc
-
-
-@triton.jit
-def _rows_in_f16(a):
-    """An activation tile [BLOCK_M, BLOCK_K] (bf16 values) as f16 and each row's 2^-s, with 2^s
-    putting the row's largest magnitude in [2^14, 2^15).
-
-    So e4m3 weight codes can go to the matrix units as f16 (one conversion for two codes; bf16
-    takes three instructions a code through f16). Scaling by a power of two is exact, and f16's
-    normal range holds every value from the row's largest down to 2^-29 of it with bf16's 8
-    significant bits, so those are exact; smaller values round in f16's subnormals, an error of
-    at most 2^-39 of the row's largest magnitude, far below the fp32 sums' own rounding."""
-    amax = tl.max(tl.abs(a), axis=1)
-    exponent = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    s = tl.minimum(tl.maximum(14 - exponent, -126), 126)  # 2^s and 2^-s are normal fp32
-    up = ((s + 127) << 23).to(tl.float32, bitcast=True)
-    down = ((127 - s) << 23).to(tl.float32, bitcast=True)
-    return (a * up[:, None]).to(tl.float16), down
-
-
-@triton.jit
-def _activation_tile(a, WIDE: tl.constexpr, F16: tl.constexpr):
-    """A loaded activation tile in the products' input dtype, and its rows' scales (F16: see
-    :func:`_rows_in_f16`; otherwise unused ones)."""
-    if F16:
-        a, a_scale = _rows_in_f16(a.to(tl.float32))
-    else:
-        a = a.to(WIDE)
-        a_scale = tl.full((a.shape[0],), 1.0, tl.float32)
-    return a, a_scale
-
-
-@triton.jit
-def _tile_zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
-    """An fp32 accumulator in :func:`_scaled_product`'s orientation."""
-    if SWAP_AB:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    return acc
-
-
-@triton.jit
-def _tile_offsets(rows, cols, SWAP_AB: tl.constexpr):
-    """``rows[:, None] * ... + cols[None, :]``-shaped sums of a row term [BLOCK_M] and a column
-    term [BLOCK_N], laid out as the accumulator is (transposed with SWAP_AB)."""
-    if SWAP_AB:  # noqa: SIM108 (statements, not a ternary: differently shaped branches)
-        out = rows[None, :] + cols[:, None]
-    else:
-        out = rows[:, None] + cols[None, :]
-    return out
-
-
-@triton.jit
-def _tile_mask(rows, cols, SWAP_AB: tl.constexpr):
-    """Where both a row mask [BLOCK_M] and a column mask [BLOCK_N] hold, in the accumulator's
-    layout."""
-    if SWAP_AB:  # noqa: SIM108 (statements, not a ternary: differently shaped branches)
-        out = rows[None, :] & cols[:, None]
-    else:
-        out = rows[:, None] & cols[None, :]
-    return out
-
-
-@triton.jit
-def _gate_up_kernel(
-    x_ptr,  # [T, D] bf16
-    w_ptr,  # [E, 2I, D] bf16 or uint8 e4m3 codes
-    s_ptr,  # [E, ceil(2I/128), ceil(D/128)] scales (fp8 only)
-    sw_ptr,  # [2I, D] shared experts (HAS_SHARED)
-    ss_ptr,  # [ceil(2I/128), ceil(D/128)] their scales
-    sorted_ptr,  # [P] int32
-    block_expert_ptr,  # [P / BLOCK_M] int32
-    h_ptr,  # [P, I] bf16 out
-    D,
-    I,
-    N,  # routed slots: slot s < N is token s // top_k, slot N + t is token t
-    top_k,
-    E,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    FORMAT: tl.constexpr,
-    HAS_SHARED: tl.constexpr,
-    WIDE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SWAP_AB: tl.constexpr,
-    F16: tl.constexpr,
-):
-    block = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + block).to(tl.int64)
-    if expert < 0:
-        return
-    w_base, s_base = _expert_weights(
-        expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED
-    )
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    slot = tl.load(sorted_ptr + rows)
-    valid = slot >= 0
-    token = tl.where(slot < N, slot // top_k, slot - N)
-    token = tl.where(valid, token, 0).to(tl.int64)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < I
-    gate = _tile_zeros(BLOCK_M, BLOCK_N, SWAP_AB)
-    up = _tile_zeros(BLOCK_M, BLOCK_N, SWAP_AB)
-    for k0 in range(0, D, BLOCK_K):
-        if FORMAT == 3:
-            tl.static_assert(not SWAP_AB, "int4_g128 tiles are not swapped")
-            a_rows = x_ptr + token * D
-            gate += int4_product(
-                a_rows, valid, w_base, s_base, n, n_mask, k0, D, stride_wn, stride_sn, WIDE, BLOCK_K
-            )
-            up += int4_product(
-                a_rows,
-                valid,
-                w_base,
-                s_base,
-                n + I,
-                n_mask,
-                k0,
-                D,
-                stride_wn,
-                stride_sn,
-                WIDE,
-                BLOCK_K,
-            )
-        else:
-            kk = k0 + tl.arange(0, BLOCK_K)
-            k_mask = kk < D
-            a = tl.load(
-                x_ptr + token[:, None] * D + kk[None, :],
-                mask=valid[:, None] & k_mask[None, :],
-                other=0,
-            )
-            a, a_scale = _activation_tile(a, WIDE, F16)
-            wg, sg = weight_tile(
-                w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
-            )
-            wu, su = weight_tile(
-                w_base, s_base, n + I, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
-            )
-            gate = _scaled_product(gate, a, wg, sg, a_scale, FORMAT, SWAP_AB, F16)
-            up = _scaled_product(up, a, wu, su, a_scale, FORMAT, SWAP_AB, F16)
-    h = gate / (1.0 + tl.exp(-gate)) * up
-    out = h_ptr + _tile_offsets(rows.to(tl.int64) * I, n, SWAP_AB)
-    tl.store(out, h.to(tl.bfloat16), mask=_tile_mask(valid, n_mask, SWAP_AB))
-
-
-@triton.jit
-def _down_kernel(
-    h_ptr,  # [P, I] bf16
-    w_ptr,  # [E, D, I] bf16 or uint8 e4m3 codes
-    s_ptr,  # [E, ceil(D/128), ceil(I/128)] scales (fp8 only)
-    sw_ptr,  # [D, I] shared experts (HAS_SHARED)
-    ss_ptr,  # [ceil(D/128), ceil(I/128)] their scales
-    sorted_ptr,  # [P] int32
-    block_expert_ptr,  # [P / BLOCK_M] int32
-    route_ptr,  # [N] float32 routing weight of each routed slot (shared slots weigh 1)
-    out_ptr,  # [slots, D] float32, one row per slot
-    D,
-    I,
-    N,
-    E,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    FORMAT: tl.constexpr,
-    HAS_SHARED: tl.constexpr,
-    WIDE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SWAP_AB: tl.constexpr,
-    F16: tl.constexpr,
-):
-    block = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + block).to(tl.int64)
-    if expert < 0:
-        return
-    w_base, s_base = _expert_weights(
-        expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED
-    )
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    slot = tl.load(sorted_ptr + rows)
-    valid = slot >= 0
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < D
-    acc = _tile_zeros(BLOCK_M, BLOCK_N, SWAP_AB)
-    for k0 in range(0, I, BLOCK_K):
-        if FORMAT == 3:
-            tl.static_assert(not SWAP_AB, "int4_g128 tiles are not swapped")
-            acc += int4_product(
-                h_ptr + rows.to(tl.int64) * I,
-                valid,
-                w_base,
-                s_base,
-                n,
-                n_mask,
-                k0,
-                I,
-                stride_wn,
-                stride_sn,
-                WIDE,
-                BLOCK_K,
-            )
-        else:
-            kk = k0 + tl.arange(0, BLOCK_K)
-            k_mask = kk < I
-            a = tl.load(
-                h_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
-                mask=valid[:, None] & k_mask[None, :],
-                other=0,
-            )
-            a, a_scale = _activation_tile(a, WIDE, F16)
-            w, s = weight_tile(
-                w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
-            )
-            acc = _scaled_product(acc, a, w, s, a_scale, FORMAT, SWAP_AB, F16)
-    safe_slot = tl.where(valid, slot, 0).to(tl.int64)
-    routed = valid & (safe_slot < N)
-    route = tl.where(routed, tl.load(route_ptr + safe_slot, mask=routed, other=0.0), 1.0)
-    if SWAP_AB:  # noqa: SIM108 (statements, not a ternary: differently shaped branches)
-        acc = acc * route[None, :]
-    else:
-        acc = acc * route[:, None]
-    out = out_ptr + _tile_offsets(safe_slot * D, n, SWAP_AB)
-    tl.store(out, acc, mask=_tile_mask(valid, n_mask, SWAP_AB))
-
-
-@triton.jit
-def _combine_kernel(
-    routed_ptr,  # [T * k, D] float32
-    ids_ptr,  # [T * k] int32
-    shared_ptr,  # [T, D] float32 (unused without HAS_SHARED)
-    out_ptr,  # [T, D] x.dtype
-    D,
-    E,
-    top_k,
-    HAS_SHARED: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_mask = d < D
-    acc = tl.zeros((BLOCK_D,), tl.float32)
-    for j in range(top_k):
-        e = tl.load(ids_ptr + t * top_k + j + tl.zeros((BLOCK_D,), tl.int32))  # broadcast
-        served = (e >= 0) & (e < E)
-        acc += tl.load(routed_ptr + (t * top_k + j) * D + d, mask=d_mask & served, other=0.0)
-    if HAS_SHARED:
-        acc += tl.load(shared_ptr + t * D + d, mask=d_mask, other=0.0)
-    tl.store(out_ptr + t * D + d, acc.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 def _weight_args(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, int, int, int, int]:
@@ -419,11 +126,7 @@ def _can_fuse_shared(
     return True
 
 
-def _product_dtype(w: QuantizedWeight, tiles: TileConfig) -> dict:
-    """The kernels' WIDE and F16 for one weight: f16 products for e4m3 codes when the tiles ask
-    for them, else bf16 (fp32 in the interpreter)."""
-    f16 = tiles.f16_products and w.format in ("fp8_block128", "fp8_block128_ue8m0")
-    return {"WIDE": tl.float16 if f16 else wide_dtype(), "F16": f16}
+F16_WEIGHT_FORMATS = ("fp8_block128", "fp8_block128_ue8m0")  # e4m3 codes: exact in f16
 
 
 def _swiglu_grouped(
@@ -440,33 +143,45 @@ def _swiglu_grouped(
     hidden = x.shape[1]
     inter = w13.shape[-2] // 2
     rows = layout.sorted_slots.shape[0]
-    h = torch.empty(rows, inter, dtype=torch.bfloat16, device=x.device)
     out = torch.empty(out_rows, hidden, dtype=torch.float32, device=x.device)
     if layout.num_blocks == 0:
         return out
+    f16 = tiles.f16_products and all(
+        w.format in F16_WEIGHT_FORMATS for w in (w13, w2, *(shared or ()))
+    )
+    h_tiles = triton.cdiv(inter, tiles.block_n)
+    if f16:
+        x, x_scales = rows_to_f16(x)
+        h = torch.empty(rows, inter, dtype=torch.float16, device=x.device)
+        h_scales = torch.empty(rows, h_tiles, dtype=torch.float32, device=x.device)
+    else:  # the scale pointers are never read
+        x_scales = h_scales = torch.empty(1, dtype=torch.float32, device=x.device)
+        h = torch.empty(rows, inter, dtype=torch.bfloat16, device=x.device)
     group_e = w13.shape[0] if w13.data.dim() == 3 else 0
     common = {
         "HAS_SHARED": shared is not None,
+        "WIDE": tl.float16 if f16 else wide_dtype(),
+        "F16": f16,
         "BLOCK_M": tiles.block_m,
         "BLOCK_N": tiles.block_n,
-        "BLOCK_K": tiles.block_k,
-        "SWAP_AB": tiles.swap_ab,
         "num_warps": tiles.num_warps,
         "num_stages": tiles.num_stages,
     }
     data, scales, we, wn, se, sn = _weight_args(w13)
     shared_data, shared_scales = _weight_args(shared[0])[:2] if shared else (data, scales)
-    _gate_up_kernel[(layout.num_blocks, triton.cdiv(inter, tiles.block_n))](
-        x, data, scales, shared_data, shared_scales, layout.sorted_slots, layout.block_expert, h,
-        hidden, inter, layout.routed_slots, top_k, group_e, we, wn, se, sn,
-        FORMAT=FORMAT_CODES[w13.format], **_product_dtype(w13, tiles), **common,
+    _gate_up_kernel[(layout.num_blocks, h_tiles)](
+        x, x_scales, data, scales, shared_data, shared_scales, layout.sorted_slots,
+        layout.block_expert, h, h_scales, hidden, inter, layout.routed_slots, top_k, group_e,
+        we, wn, se, sn, FORMAT=FORMAT_CODES[w13.format], BLOCK_K=tiles.block_k, **common,
     )  # fmt: skip
     data, scales, we, wn, se, sn = _weight_args(w2)
     shared_data, shared_scales = _weight_args(shared[1])[:2] if shared else (data, scales)
+    # f16: a K step of the down product stays inside one of h's scale tiles
+    down_k = min(tiles.block_k, tiles.block_n) if f16 else tiles.block_k
     _down_kernel[(layout.num_blocks, triton.cdiv(hidden, tiles.block_n))](
-        h, data, scales, shared_data, shared_scales, layout.sorted_slots, layout.block_expert,
-        route, out, hidden, inter, layout.routed_slots, group_e, we, wn, se, sn,
-        FORMAT=FORMAT_CODES[w2.format], **_product_dtype(w2, tiles), **common,
+        h, h_scales, data, scales, shared_data, shared_scales, layout.sorted_slots,
+        layout.block_expert, route, out, hidden, inter, layout.routed_slots, group_e, we, wn, se,
+        sn, FORMAT=FORMAT_CODES[w2.format], BLOCK_K=down_k, H_GROUP=tiles.block_n, **common,
     )  # fmt: skip
     return out
 
@@ -488,8 +203,6 @@ def _check(
     for w in weights:
         if w.format not in WEIGHT_FORMATS:
             problems.append(f"{w.name} is {w.format}; the kernel reads {list(WEIGHT_FORMATS)}")
-    if tiles.swap_ab and any(w.format == "int4_g128" for w in weights):
-        problems.append("swap_ab tiles take bf16 or fp8 weights; int4_g128 runs unswapped")
     if FP8_BLOCK % tiles.block_k and any(w.format != "bf16" for w in weights):
         problems.append(
             f"block_k {tiles.block_k} must divide the fp8 scale tile {FP8_BLOCK} and the int4 "

@@ -1,0 +1,247 @@
+"""The fused MoE's Triton kernels (``moe.py`` launches them and documents the algorithm): the
+gate/up and down GEMMs over expert row blocks, and the per-token combine.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from hwrun.kernels.triton.f16_rows import to_scaled_f16
+from hwrun.kernels.triton.weight_tiles import int4_product, weight_tile
+
+
+@triton.jit
+def _scaled_product(acc, a, w, scale, a_scale, FORMAT: tl.constexpr, F16: tl.constexpr):
+    """``acc`` [BLOCK_M, BLOCK_N] plus one K step's product of the activation tile ``a``
+    [BLOCK_M, BLOCK_K] and the weight tile ``w`` [BLOCK_N, BLOCK_K], scaled per weight row
+    (``scale``) and, with F16, per activation row (``a_scale``, undoing f16_rows' 2^s)."""
+    if FORMAT == 0:
+        acc = tl.dot(a, tl.trans(w), acc)
+    elif F16:
+        acc += tl.dot(a, tl.trans(w)) * (a_scale[:, None] * scale[None, :])
+    else:
+        acc += tl.dot(a, tl.trans(w)) * scale[None, :]
+    return acc
+
+
+@triton.jit
+def _row_scales(ptrs, valid, F16: tl.constexpr):
+    """The activation rows' 2^-s for this K step (F16), else ones (never read)."""
+    if F16:  # noqa: SIM108 (a constexpr branch: without F16 no load is traced)
+        scales = tl.load(ptrs, mask=valid, other=0.0)
+    else:
+        scales = tl.full(valid.shape, 1.0, tl.float32)
+    return scales
+
+
+@triton.jit
+def _expert_weights(
+    expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED: tl.constexpr
+):
+    """Base pointers of group ``expert``'s weight and scales: group E is the shared experts."""
+    w_base = w_ptr + expert * stride_we
+    s_base = s_ptr + expert * stride_se
+    if HAS_SHARED:  # noqa: SIM102 (a constexpr test apart from the runtime one, for Triton's jit)
+        if expert == E:
+            w_base = sw_ptr
+            s_base = ss_ptr
+    return w_base, s_base
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr,  # [T, D] bf16, or f16 scaled by xs (F16)
+    xs_ptr,  # [T, ceil(D/128)] fp32 2^-s of x's row groups (F16)
+    w_ptr,  # [E, 2I, D] bf16 or uint8 e4m3 codes
+    s_ptr,  # [E, ceil(2I/128), ceil(D/128)] scales (fp8 only)
+    sw_ptr,  # [2I, D] shared experts (HAS_SHARED)
+    ss_ptr,  # [ceil(2I/128), ceil(D/128)] their scales
+    sorted_ptr,  # [P] int32
+    block_expert_ptr,  # [P / BLOCK_M] int32
+    h_ptr,  # [P, I] bf16 out, or f16 scaled by hs (F16)
+    hs_ptr,  # [P, ceil(I/BLOCK_N)] fp32 out: 2^-s of h's row tiles (F16)
+    D,
+    I,
+    N,  # routed slots: slot s < N is token s // top_k, slot N + t is token t
+    top_k,
+    E,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    FORMAT: tl.constexpr,
+    HAS_SHARED: tl.constexpr,
+    WIDE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    F16: tl.constexpr,
+):
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    if expert < 0:
+        return
+    w_base, s_base = _expert_weights(
+        expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED
+    )
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    slot = tl.load(sorted_ptr + rows)
+    valid = slot >= 0
+    token = tl.where(slot < N, slot // top_k, slot - N)
+    token = tl.where(valid, token, 0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < I
+    gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        if FORMAT == 3:
+            a_rows = x_ptr + token * D
+            gate += int4_product(
+                a_rows, valid, w_base, s_base, n, n_mask, k0, D, stride_wn, stride_sn, WIDE, BLOCK_K
+            )
+            up += int4_product(
+                a_rows,
+                valid,
+                w_base,
+                s_base,
+                n + I,
+                n_mask,
+                k0,
+                D,
+                stride_wn,
+                stride_sn,
+                WIDE,
+                BLOCK_K,
+            )
+        else:
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_mask = kk < D
+            a = tl.load(
+                x_ptr + token[:, None] * D + kk[None, :],
+                mask=valid[:, None] & k_mask[None, :],
+                other=0,
+            ).to(WIDE)
+            a_scale = _row_scales(xs_ptr + token * tl.cdiv(D, 128) + k0 // 128, valid, F16)
+            wg, sg = weight_tile(
+                w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+            )
+            wu, su = weight_tile(
+                w_base, s_base, n + I, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+            )
+            gate = _scaled_product(gate, a, wg, sg, a_scale, FORMAT, F16)
+            up = _scaled_product(up, a, wu, su, a_scale, FORMAT, F16)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    out = h_ptr + rows.to(tl.int64)[:, None] * I + n[None, :]
+    out_mask = valid[:, None] & n_mask[None, :]
+    if F16:  # the contract's bf16 rounding first, then exactly into f16 with the tile's 2^s
+        h16, h_scale = to_scaled_f16(h.to(tl.bfloat16).to(tl.float32))
+        tl.store(out, h16, mask=out_mask)
+        tiles = tl.num_programs(1)
+        tl.store(hs_ptr + rows.to(tl.int64) * tiles + tl.program_id(1), h_scale, mask=valid)
+    else:
+        tl.store(out, h.to(tl.bfloat16), mask=out_mask)
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr,  # [P, I] bf16, or f16 scaled by hs (F16)
+    hs_ptr,  # [P, ceil(I/H_GROUP)] fp32 2^-s of h's row tiles (F16)
+    w_ptr,  # [E, D, I] bf16 or uint8 e4m3 codes
+    s_ptr,  # [E, ceil(D/128), ceil(I/128)] scales (fp8 only)
+    sw_ptr,  # [D, I] shared experts (HAS_SHARED)
+    ss_ptr,  # [ceil(D/128), ceil(I/128)] their scales
+    sorted_ptr,  # [P] int32
+    block_expert_ptr,  # [P / BLOCK_M] int32
+    route_ptr,  # [N] float32 routing weight of each routed slot (shared slots weigh 1)
+    out_ptr,  # [slots, D] float32, one row per slot
+    D,
+    I,
+    N,
+    E,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    FORMAT: tl.constexpr,
+    HAS_SHARED: tl.constexpr,
+    WIDE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    F16: tl.constexpr,
+    H_GROUP: tl.constexpr,  # columns of h under one scale (the gate/up launch's BLOCK_N)
+):
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    if expert < 0:
+        return
+    w_base, s_base = _expert_weights(
+        expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED
+    )
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    slot = tl.load(sorted_ptr + rows)
+    valid = slot >= 0
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < D
+    h_groups = tl.cdiv(I, H_GROUP)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        if FORMAT == 3:
+            acc += int4_product(
+                h_ptr + rows.to(tl.int64) * I,
+                valid,
+                w_base,
+                s_base,
+                n,
+                n_mask,
+                k0,
+                I,
+                stride_wn,
+                stride_sn,
+                WIDE,
+                BLOCK_K,
+            )
+        else:
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_mask = kk < I
+            a = tl.load(
+                h_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
+                mask=valid[:, None] & k_mask[None, :],
+                other=0,
+            ).to(WIDE)
+            a_scale = _row_scales(hs_ptr + rows.to(tl.int64) * h_groups + k0 // H_GROUP, valid, F16)
+            w, s = weight_tile(
+                w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+            )
+            acc = _scaled_product(acc, a, w, s, a_scale, FORMAT, F16)
+    safe_slot = tl.where(valid, slot, 0).to(tl.int64)
+    routed = valid & (safe_slot < N)
+    route = tl.where(routed, tl.load(route_ptr + safe_slot, mask=routed, other=0.0), 1.0)
+    out = out_ptr + safe_slot[:, None] * D + n[None, :]
+    tl.store(out, acc * route[:, None], mask=valid[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _combine_kernel(
+    routed_ptr,  # [T * k, D] float32
+    ids_ptr,  # [T * k] int32
+    shared_ptr,  # [T, D] float32 (unused without HAS_SHARED)
+    out_ptr,  # [T, D] x.dtype
+    D,
+    E,
+    top_k,
+    HAS_SHARED: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for j in range(top_k):
+        e = tl.load(ids_ptr + t * top_k + j + tl.zeros((BLOCK_D,), tl.int32))  # broadcast
+        served = (e >= 0) & (e < E)
+        acc += tl.load(routed_ptr + (t * top_k + j) * D + d, mask=d_mask & served, other=0.0)
+    if HAS_SHARED:
+        acc += tl.load(shared_ptr + t * D + d, mask=d_mask, other=0.0)
+    tl.store(out_ptr + t * D + d, acc.to(out_ptr.dtype.element_ty), mask=d_mask)
