@@ -467,10 +467,12 @@ def logits_paged(
         _persistent_paged_logits_kernel[(programs,)](*args, B, BP=triton.next_power_of_2(B), **meta)
         return out
     if splits is None:
-        # ~8 programs per multiprocessor (the best of a grid on the H200, bench/gpu_ops.py
-        # --tune), each with at least 4 blocks: shorter programs spend their time in the
-        # prologue (batch 1 ran 5x slower with 1-2 blocks per program).
-        splits = max(1, min(triton.cdiv(num_ctx_blocks, 4 * step), triton.cdiv(8 * sms, B)))
+        # ~8 programs per multiprocessor, 16 with tensor-descriptor pages (the best of grids on
+        # the H200, bench/gpu_ops.py --tune: B=64 at 128K 343 -> 303 us with 16), each with at
+        # least 4 blocks: shorter programs spend their time in the prologue (batch 1 ran 5x
+        # slower with 1-2 blocks per program).
+        per_sm = 16 if tma else 8
+        splits = max(1, min(triton.cdiv(num_ctx_blocks, 4 * step), triton.cdiv(per_sm * sms, B)))
     _paged_logits_kernel[(B, splits)](*args, SPLITS=splits, **meta)
     return out
 
