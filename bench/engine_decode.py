@@ -53,8 +53,14 @@ def with_topk(model: Path, topk: int, context: int) -> Path:
     return out
 
 
-def fill_cache(runner: ModelRunner) -> None:
-    """Valid bytes in every block: encode block 0 with the runner's own write ops, copy it."""
+def fill_cache(runner: ModelRunner, chunk: int = 1 << 18) -> None:
+    """Valid bytes in every block: block 0's latents, encoded by the runner's own write ops,
+    copied to every block; index keys encoded for every slot, each its own random key.
+
+    Until 2026-12-03 the index keys were copied from block 0 too, so every row's indexer
+    logits repeated with the block's period: each value 512 times at 32K, 2048 at 128K. The
+    top-k then selected among ties that real keys never make (its select ran 660 us a step
+    at 32K x 64 on the H200, 342 at 128K). Latent bytes do not change any kernel's work."""
     model, block = runner.model, runner.block_size
     device = runner.device
     slots = torch.arange(block, dtype=torch.int32, device=device)
@@ -62,14 +68,18 @@ def fill_cache(runner: ModelRunner) -> None:
     for layer in range(model.config.num_layers):
         latent = torch.randn(block, 512, device=device, dtype=dtype)
         rope = torch.randn(block, 64, device=device, dtype=dtype)
-        keys = torch.randn(block, 128, device=device, dtype=dtype)
         model.ops["kv.write_latent"](
             model.latent_views[layer], latent, rope, slots, model.formats.latent_format
         )
-        model.ops["kv.write_index_keys"](
-            model.index_views[layer], keys, slots, model.formats.index_format
-        )
     runner.pool.cache[1:] = runner.pool.cache[0]
+    total = runner.num_blocks * block
+    for start in range(0, total, chunk):
+        slots = torch.arange(start, min(start + chunk, total), dtype=torch.int32, device=device)
+        for layer in range(model.config.num_layers):
+            keys = torch.randn(slots.numel(), 128, device=device, dtype=dtype)
+            model.ops["kv.write_index_keys"](
+                model.index_views[layer], keys, slots, model.formats.index_format
+            )
 
 
 def step_bytes(runner: ModelRunner, batch: int, context: int) -> float:
