@@ -133,7 +133,8 @@ def tune(
     else:
         grid = list(tl_linear.PREFILL_GRID)
     if fn is tl_linear.linear_a8w8:
-        grid = list(dict.fromkeys(replace(tiles, block_k=128) for tiles in grid))
+        # a8w8 ignores f16_products: those entries would be duplicates
+        grid = list(dict.fromkeys(replace(t, block_k=128, f16_products=False) for t in grid))
     best, best_us = None, default_us
     for tiles in grid:
         try:

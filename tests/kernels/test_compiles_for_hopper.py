@@ -1,7 +1,8 @@
 """Kernel variants the interpreter cannot vet compile for sm_90 (the H200) without a GPU: the
 top-k's, the window fill's two forms (a constexpr-chosen start), and the paged indexer logits'
 grids, PTX unpack and tensor-descriptor (TMA) loads, sparse MLA decode's optional launch
-variants (whole rows at 8 warps, e4m3 decoded by moving bits), and the fused MoE's f16 products.
+variants (whole rows at 8 warps, e4m3 decoded by moving bits), and the f16 products of the fused MoE
+and of dense.linear.
 
 The CPU interpreter runs a kernel as Python, so it misses what only Triton's compiler rejects:
 ``search_pairs`` ran exactly in the interpreter and failed to compile on its first H200 sweep
@@ -108,6 +109,27 @@ DOWN = {
 }
 # f16 products (the decode tiles' default): x and h read as f16 with their row scales
 MOE_F16 = {"FORMAT": 1, "HAS_SHARED": True, "WIDE": "fp16", "F16": True, "BLOCK_M": 16}
+# dense.linear over e4m3 weights with f16 products: x as scaled f16
+LINEAR = {
+    "x_ptr": "*fp16",
+    "xs_ptr": "*fp32",
+    "w_ptr": "*u8",
+    "s_ptr": "*fp32",
+    "out_ptr": "*fp32",
+    **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_xsm", "stride_wn"), "i32"),
+    **dict.fromkeys(("stride_sn", "stride_om", "stride_os", "k_per_split"), "i32"),
+}
+LINEAR_F16 = {
+    "FORMAT": 1,
+    "A_FP8": False,
+    "SCALED_A": True,
+    "MMA": "fp16",
+    "BLOCK_M": 16,
+    "BLOCK_N": 64,
+    "BLOCK_K": 128,
+    "GROUP_M": 8,
+    "SWAP_AB": False,
+}
 # kernel -> (signature, constexprs)
 VARIANTS = {
     "threshold_one_bit": (
@@ -158,6 +180,7 @@ VARIANTS = {
         {**GATE_UP, "x_ptr": "*fp16", "h_ptr": "*fp16"},
         {**MOE_F16, "BLOCK_N": 64, "BLOCK_K": 128},
     ),
+    "linear_f16": (LINEAR, LINEAR_F16),
     "down_f16": (
         {**DOWN, "h_ptr": "*fp16"},
         {**MOE_F16, "BLOCK_N": 64, "BLOCK_K": 64, "H_GROUP": 64},
@@ -182,6 +205,7 @@ def _compile(variant: str) -> int:
         _paged_logits_kernel,
         _persistent_paged_logits_kernel,
     )
+    from hwrun.kernels.triton.linear import _linear_kernel
     from hwrun.kernels.triton.moe_kernels import _down_kernel, _gate_up_kernel
     from hwrun.kernels.triton.sparse_mla import _sparse_mla_decode_kernel
     from hwrun.kernels.triton.topk_select import select_candidates
@@ -198,13 +222,15 @@ def _compile(variant: str) -> int:
         "mla": _sparse_mla_decode_kernel,
         "gateup": _gate_up_kernel,
         "down": _down_kernel,
+        "linear": _linear_kernel,
     }
     index_key_tiles.UNPACK_PTX = triton.language.constexpr(True)  # as on a CUDA machine
     signature, constexprs = VARIANTS[variant]
     constexprs = dict(constexprs)
     wide = {"bf16": triton.language.bfloat16, "fp16": triton.language.float16}
-    if constexprs.get("WIDE") in wide:
-        constexprs["WIDE"] = wide[constexprs["WIDE"]]
+    for name in ("WIDE", "MMA"):
+        if constexprs.get(name) in wide:
+            constexprs[name] = wide[constexprs[name]]
     signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     source = ASTSource(kernel[variant.split("_")[0]], signature, constexprs)
     options = {"num_warps": NUM_WARPS.get(variant, 4)}

@@ -97,6 +97,38 @@ def test_zero_tiny_and_large_scales(fmt):
     _close(got, want)
 
 
+@pytest.mark.parametrize("fmt", ["fp8_block128", "fp8_block128_ue8m0"])
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        LinearTiles(16, 32, 64, num_stages=1, f16_products=True),
+        LinearTiles(16, 32, 32, split_k=3, swap_ab=True, num_stages=1, f16_products=True),
+    ],
+    ids=["plain", "swap_split3"],
+)
+def test_f16_products_match_the_reference_across_the_bf16_range(fmt, tiles):
+    # x goes to f16 with a power-of-two scale per row and 128 columns: rows far outside f16's
+    # range, 24 decades inside one row and a zero row must all match (C = 200: a partial
+    # group).
+    x, weight = _problem(28, fmt, 6, 96, 200)
+    x = x.float()
+    x[1] *= 1e30
+    x[2] *= 1e-30
+    x[3] *= torch.logspace(-12, 12, x.shape[1])
+    x[4] = 0
+    x = x.to(torch.bfloat16)
+    got, want = linear(x, weight, tiles), reference(x, weight)
+    assert torch.isfinite(want.float()).all()
+    for row in range(x.shape[0]):  # rows 60 decades apart: each at its own scale
+        _close(got[row : row + 1], want[row : row + 1])
+
+
+def test_f16_products_leave_bf16_weights_on_the_bf16_path():
+    x, weight = _problem(29, "bf16", 3, 64, 128)
+    tiles = LinearTiles(16, 32, 32, num_stages=1, f16_products=True)
+    _close(linear(x, weight, tiles), reference(x, weight))
+
+
 def test_no_rows():
     x, weight = _problem(25, "fp8_block128", 0, 64, 128)
     assert linear(x, weight).shape == (0, 64)

@@ -31,6 +31,12 @@ matrix units as e4m3 (on Hopper an fp8 wgmma, no per-element conversion of the w
 each 128-wide K step's product is multiplied by the activation rows' and weight rows' scales.
 On the H200 this halved the 64-row time of the large projections (docs/benchmarks.md).
 
+``LinearTiles.f16_products`` (``dense.linear`` over e4m3 weights; off by default, not yet
+timed): ``x`` goes to f16 with a power-of-two scale per row and 128 columns (f16_rows.py, one
+launch, exact as argued there) and the weight codes to f16 (one conversion for two codes,
+instead of three instructions a code to bf16: the fused MoE's decode kernels were bound by
+those conversions on the H200); each K step's product takes both scales, as with ``A_FP8``.
+
 Numerics against the reference (``hwrun.ops.linear``): the same bf16 inputs, exact fp32
 products, fp32 sums, one rounding; the scale multiplies a 128-wide partial sum where the
 reference rounds ``code * scale`` to fp32 first. The results differ by fp32 summation order,
@@ -48,6 +54,7 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.activation_quant import quantize_activations
+from hwrun.kernels.triton.f16_rows import rows_to_f16
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, weight_tile
@@ -81,6 +88,7 @@ class LinearTiles:
     swap_ab: bool = False
     num_warps: int = 4
     num_stages: int = 4
+    f16_products: bool = False  # dense.linear over e4m3 weights: f16 products (module doc)
 
 
 # Starting points for the H200 (sm_90), to be swept with bench/linear_gpu.py --tune. Decode
@@ -108,6 +116,10 @@ DECODE_GRID = (
     # to write and sum), a deep pipeline per program (not yet timed)
     LinearTiles(64, 32, 128, num_warps=4, num_stages=6),
     LinearTiles(64, 64, 128, num_warps=4, num_stages=5),
+    # f16 products (dense.linear over e4m3 weights; a8w8 ignores the flag), not yet timed
+    LinearTiles(16, 32, 128, num_warps=4, num_stages=4, f16_products=True),
+    LinearTiles(16, 64, 128, num_warps=4, num_stages=4, f16_products=True),
+    LinearTiles(64, 64, 128, num_warps=4, num_stages=3, f16_products=True),
 )
 PREFILL_GRID = (
     LinearTiles(64, 128, 128, num_warps=4, num_stages=3),
@@ -159,8 +171,8 @@ def default_tiles(m: int, n: int, k: int, num_sms: int | None) -> LinearTiles:
 
 @triton.jit
 def _linear_kernel(
-    x_ptr,  # [M, K] bf16, or uint8 e4m3 codes (A_FP8); row stride stride_xm
-    xs_ptr,  # [M, K/128] fp32 scales of the codes (A_FP8 only), row stride stride_xsm
+    x_ptr,  # [M, K] bf16, uint8 e4m3 codes (A_FP8) or scaled f16 (SCALED_A); row stride stride_xm
+    xs_ptr,  # [M, K/128] fp32 scales of x's row groups (SCALED_A only), row stride stride_xsm
     w_ptr,  # [N, K] bf16, or uint8 e4m3 codes
     s_ptr,  # [ceil(N/128), ceil(K/128)] fp32 or e8m0 scales (fp8 only)
     out_ptr,  # [M, N] out dtype (SPLIT_K == 1), or [SPLIT_K, M, N] fp32 partials
@@ -175,9 +187,10 @@ def _linear_kernel(
     stride_os,  # between split partials (0 without a split)
     k_per_split,  # K columns per split range, a multiple of BLOCK_K
     FORMAT: tl.constexpr,
-    A_FP8: tl.constexpr,  # x is e4m3 codes with per-128 scales (dense.linear_a8w8)
-    MMA: tl.constexpr,  # both tiles' dtype on the matrix units: bf16, e4m3 with A_FP8 (fp32
-    # in the interpreter, where either is exact)
+    A_FP8: tl.constexpr,  # x is e4m3 codes (dense.linear_a8w8)
+    SCALED_A: tl.constexpr,  # x carries a scale per row and 128 columns: A_FP8, or f16 products
+    MMA: tl.constexpr,  # both tiles' dtype on the matrix units: bf16, e4m3 with A_FP8, f16 for
+    # f16 products (fp32 in the interpreter for the first two, where either is exact)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -216,9 +229,9 @@ def _linear_kernel(
         w, scale = weight_tile(
             w_ptr, s_ptr, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, MMA
         )
-        if A_FP8:
-            # e4m3 times e4m3, fp32 sums; both sides' scales of this 128-wide K step (BLOCK_K
-            # is 128) multiply the step's partial product.
+        if SCALED_A:
+            # e4m3 times e4m3 (or f16 times f16), fp32 sums; both sides' scales of this K step
+            # (inside one 128-column group) multiply the step's partial product.
             a_scale = tl.load(xs_ptr + m.to(tl.int64) * stride_xsm + k0 // 128, mask=m_mask)
             if SWAP_AB:
                 acc += tl.dot(w, tl.trans(a)) * (scale[:, None] * a_scale[None, :])
@@ -299,6 +312,8 @@ def linear(
     check_linear_args(x, weight)
     tiles = _tiles_for(x, weight, tiles)
     _check(x, weight, tiles)
+    if tiles.f16_products and weight.format in ("fp8_block128", "fp8_block128_ue8m0"):
+        return _launch(*rows_to_f16(x), weight, tiles, x.dtype)
     return _launch(x, None, weight, tiles, x.dtype)
 
 
@@ -327,7 +342,7 @@ def _tiles_for(x: torch.Tensor, weight: QuantizedWeight, tiles: LinearTiles | No
 
 
 def _launch(
-    x: torch.Tensor,  # [M, K] bf16, or e4m3 codes (uint8) with x_scales
+    x: torch.Tensor,  # [M, K] bf16, or e4m3 codes (uint8) / scaled f16 with x_scales
     x_scales: torch.Tensor | None,  # [M, K/128] fp32
     weight: QuantizedWeight,
     tiles: LinearTiles,
@@ -343,8 +358,9 @@ def _launch(
         x = x.contiguous()
     data = weight.data if weight.data.stride(-1) == 1 else weight.data.contiguous()
     scales = data if weight.scales is None else weight.scales.contiguous()
-    a_fp8 = x_scales is not None
-    mma = wide_dtype()
+    scaled_a = x_scales is not None
+    a_fp8 = x.dtype == torch.uint8
+    mma = tl.float16 if x.dtype == torch.float16 else wide_dtype()
     if a_fp8 and mma == tl.bfloat16:  # compiled: e4m3 on the matrix units
         mma = tl.float8e4nv
     k_steps = triton.cdiv(k, tiles.block_k)
@@ -355,12 +371,12 @@ def _launch(
         partials = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split)
     _linear_kernel[grid](
-        x, x_scales if a_fp8 else x, data, scales, partials, m, n, k,
-        x.stride(0), x_scales.stride(0) if a_fp8 else 0, data.stride(0),
+        x, x_scales if scaled_a else x, data, scales, partials, m, n, k,
+        x.stride(0), x_scales.stride(0) if scaled_a else 0, data.stride(0),
         scales.stride(0) if weight.scales is not None else 0,
         n if split > 1 else out.stride(0), m * n if split > 1 else 0,
         steps_per_split * tiles.block_k,
-        FORMAT=FORMAT_CODES[weight.format], A_FP8=a_fp8, MMA=mma,
+        FORMAT=FORMAT_CODES[weight.format], A_FP8=a_fp8, SCALED_A=scaled_a, MMA=mma,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
