@@ -60,7 +60,11 @@ def test_two_ranks_compute_the_single_rank_logits(checkpoint):
     finally:
         runner.close()
     errors = (got - want).abs().amax(dim=-1) / want.abs().amax(dim=-1)
-    assert errors[:2].max().item() < 1e-5  # before any stored value could round differently
+    # Row 0 reads only its own stored values: its error is the all-reduce's summation noise.
+    # Row 1 already reads row 0's stored latent and index key, whose bf16 rounding can differ
+    # (on an Intel Xeon host, 2026-12-03: row 0 2.5e-7, row 1 4.6e-4), so it is left to the
+    # statistics below with the other rows.
+    assert errors[0].item() < 1e-5
     assert errors.median().item() < MEDIAN_REL, errors.tolist()
     assert (errors < ROW_REL).float().mean().item() >= ROWS_WITHIN, errors.tolist()
 
