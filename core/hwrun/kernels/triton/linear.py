@@ -33,9 +33,10 @@ On the H200 this halved the 64-row time of the large projections (docs/benchmark
 
 ``LinearTiles.f16_products`` (``dense.linear`` over e4m3 weights; off by default, not yet
 timed): ``x`` goes to f16 with a power-of-two scale per row and 128 columns (f16_rows.py, one
-launch, exact as argued there) and the weight codes to f16 (one conversion for two codes,
-instead of three instructions a code to bf16: the fused MoE's decode kernels were bound by
-those conversions on the H200); each K step's product takes both scales, as with ``A_FP8``.
+launch, exact as argued there) and the weight codes to f16: one conversion for two codes, where
+bf16 takes about two instructions a code, one of them a quarter-rate conversion (the fused MoE's
+decode kernels were bound by those on the H200). Each K step's product takes both scales, as
+with ``A_FP8``.
 
 Numerics against the reference (``hwrun.ops.linear``): the same bf16 inputs, exact fp32
 products, fp32 sums, one rounding; the scale multiplies a 128-wide partial sum where the

@@ -30,11 +30,12 @@ Shared experts of another format or width than the routed ones run through the s
 launches of their own.
 
 f16 products (``TileConfig.f16_products``, the decode tiles' default on GPUs): with e4m3 weights
-the codes meet f16 activations instead of bf16 ones, one conversion for two codes instead of
-three instructions a code (f16_rows.py says why it is exact). ``x`` goes to f16 with a
-power-of-two scale per row and 128 columns in one launch before the GEMMs; the gate/up kernel
-writes the intermediate, rounded to bf16 first, as f16 with a scale per row and I tile, which
-the down kernel reads in K steps of at most that tile.
+the codes meet f16 activations instead of bf16 ones: one conversion for two codes, where bf16
+takes about two instructions a code, one of them a quarter-rate conversion (f16_rows.py says
+why it is exact). ``x`` goes to f16 with a power-of-two scale per row and 128 columns in one
+launch before the GEMMs; the gate/up kernel writes the intermediate, rounded to bf16 first, as
+f16 with a scale per row and I tile, which the down kernel reads in K steps of at most that
+tile.
 
 Numerics against the reference (``hwrun.ops.moe_experts``): the GEMM inputs are the same bf16
 values and the products accumulate in fp32, but in tiles rather than one token at a time, so
@@ -76,7 +77,7 @@ class TileConfig:
 
 # Tuned on the H200 by rows per expert (docs/benchmarks.md): the middle and prefill tiles at
 # DeepSeek-V3's expert shapes, the decode tiles at the bench model's too (64 x 4096 x 512, where
-# f16 products took 64 tokens from 213 to 156 us in the first sweep).
+# f16 products took 64 tokens from 213 to 151 us).
 DECODE_TILES = TileConfig(16, 64, 128, num_warps=4, num_stages=4, f16_products=True)
 MIDDLE_TILES = TileConfig(32, 64, 128, num_warps=4, num_stages=4)
 PREFILL_TILES = TileConfig(64, 128, 64, num_warps=4, num_stages=3)
