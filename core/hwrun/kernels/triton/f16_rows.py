@@ -24,6 +24,8 @@ import triton.language as tl
 from hwrun.kernels.triton.interpreter import prepare_launch
 
 GROUP = 128  # the K step of every kernel that reads these tiles divides it
+# Weight formats whose codes (e4m3) are exact in f16, so f16 products apply to them.
+F16_WEIGHT_FORMATS = ("fp8_block128", "fp8_block128_ue8m0")
 
 
 @triton.jit

@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.activation_quant import quantize_activations
-from hwrun.kernels.triton.f16_rows import rows_to_f16
+from hwrun.kernels.triton.f16_rows import F16_WEIGHT_FORMATS, rows_to_f16
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, weight_tile
@@ -313,7 +313,7 @@ def linear(
     check_linear_args(x, weight)
     tiles = _tiles_for(x, weight, tiles)
     _check(x, weight, tiles)
-    if tiles.f16_products and weight.format in ("fp8_block128", "fp8_block128_ue8m0"):
+    if tiles.f16_products and weight.format in F16_WEIGHT_FORMATS:
         return _launch(*rows_to_f16(x), weight, tiles, x.dtype)
     return _launch(x, None, weight, tiles, x.dtype)
 

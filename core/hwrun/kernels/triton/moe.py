@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from hwrun.formats.int4 import INT4_GROUP
-from hwrun.kernels.triton.f16_rows import rows_to_f16
+from hwrun.kernels.triton.f16_rows import F16_WEIGHT_FORMATS, rows_to_f16
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.moe_align import ExpertLayout, align_by_expert
@@ -125,9 +125,6 @@ def _can_fuse_shared(
         if _weight_args(extra)[3::2] != _weight_args(routed)[3::2]:
             return False
     return True
-
-
-F16_WEIGHT_FORMATS = ("fp8_block128", "fp8_block128_ue8m0")  # e4m3 codes: exact in f16
 
 
 def _swiglu_grouped(
