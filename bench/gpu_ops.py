@@ -77,8 +77,9 @@ def indexer_rows(ceil, tune, log):
             cfg = {}
             if tune:
                 # 2026-12-03's sweep: stages were the lever for fp8 (4 -> 6: 437 -> 365 us),
-                # tensor descriptors 6% more; the persistent grid and folded mxfp4 groups were
-                # slower everywhere (docs/benchmarks.md). Deeper pipelines and wider splits now.
+                # tensor descriptors 6% more; the persistent grid (at these equal lengths) and
+                # folded mxfp4 groups were slower everywhere (docs/benchmarks.md). Deeper
+                # pipelines and wider splits now.
                 # Batch 1 keeps the default split (~4 pages a program).
                 splits = [None] if batch == 1 else [per_sm * sms // batch for per_sm in (8, 16)]
                 stages = (4, 6, 8, 10) if fmt == "fp8" else (2, 3, 4)

@@ -387,8 +387,9 @@ def logits_paged(
     off: slower than the four group products on the H200 (1012 against 619 us at B=64).
     ``persistent``: the persistent grid instead of the split one (``splits`` then unused):
     min(B * steps, multiprocessors * ``programs_per_sm``) programs, each scoring an equal share
-    of all requests' key steps, so no wave of programs runs part-empty; off: no faster than the
-    split grid on the H200.
+    of all requests' key steps, so no wave of programs runs part-empty; off: slower than the
+    split grid on the H200 at equal context lengths (ragged lengths, which it balances, are
+    untimed).
     """
     B, n = q.shape[0], q.shape[1]
     H = _check_common(q, weights, fmt, B * n, "logits_paged")
