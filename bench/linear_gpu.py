@@ -118,6 +118,7 @@ def tune(
     log: list[str],
     label: str,
     fn=tl_linear.linear,
+    tma_only: bool = False,
 ) -> str:
     """The tile grid at this shape (``fn``: linear, or linear_a8w8 with 128-wide K steps); the
     best against the default, as a note."""
@@ -135,6 +136,10 @@ def tune(
     if fn is tl_linear.linear_a8w8:
         # a8w8 ignores f16_products: those entries would be duplicates
         grid = list(dict.fromkeys(replace(t, block_k=128, f16_products=False) for t in grid))
+    else:  # tensor descriptors read e4m3 activations only
+        grid = [t for t in grid if not t.tma]
+    if tma_only:
+        grid = [t for t in grid if t.tma]
     best, best_us = None, default_us
     for tiles in grid:
         try:
@@ -178,7 +183,9 @@ def rows_for(ceil, names, token_counts, args, log: list[str], deadline: float) -
                 us = bench(lambda x=x, weight=weight: tl_linear.linear_a8w8(x, weight))
                 note = "x quantized in the timed call (the peers' x is quantized beforehand)"
                 if args.tune and time.monotonic() < deadline:
-                    note += "; " + tune(x, weight, us, log, label, tl_linear.linear_a8w8)
+                    note += "; " + tune(
+                        x, weight, us, log, label, tl_linear.linear_a8w8, args.tma_only
+                    )
                 a8w8_peers = {k: v for k, v in peers.items() if "a8w8" in k}
                 rows.append(Row("dense.linear_a8w8", shape, "triton", us, floor, a8w8_peers, note))
                 print(markdown(rows[-1:]), flush=True)
@@ -190,6 +197,9 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,8,64,512")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
     parser.add_argument("--tune", action="store_true", help="time the tile grid per shape")
+    parser.add_argument(
+        "--tma-only", action="store_true", help="with --tune: the tensor-descriptor tiles only"
+    )
     parser.add_argument(
         "--tune-a8w8-only", action="store_true", help="with --tune: sweep dense.linear_a8w8 only"
     )

@@ -129,6 +129,7 @@ LINEAR_F16 = {
     "BLOCK_K": 128,
     "GROUP_M": 8,
     "SWAP_AB": False,
+    "TMA": False,
 }
 # kernel -> (signature, constexprs)
 VARIANTS = {
@@ -181,6 +182,11 @@ VARIANTS = {
         {**MOE_F16, "BLOCK_N": 64, "BLOCK_K": 128},
     ),
     "linear_f16": (LINEAR, LINEAR_F16),
+    # dense.linear_a8w8 with both e4m3 tiles through tensor descriptors, 64-row decode tiles
+    "linear_a8w8_tma": (
+        {**LINEAR, "x_ptr": "*u8"},
+        {**LINEAR_F16, "A_FP8": True, "MMA": "fp8e4nv", "BLOCK_M": 64, "TMA": True},
+    ),
     "down_f16": (
         {**DOWN, "h_ptr": "*fp16"},
         {**MOE_F16, "BLOCK_N": 64, "BLOCK_K": 64, "H_GROUP": 64},
@@ -232,7 +238,11 @@ def _compile(variant: str) -> int:
     index_key_tiles.UNPACK_PTX = triton.language.constexpr(True)  # as on a CUDA machine
     signature, constexprs = VARIANTS[variant]
     constexprs = dict(constexprs)
-    wide = {"bf16": triton.language.bfloat16, "fp16": triton.language.float16}
+    wide = {
+        "bf16": triton.language.bfloat16,
+        "fp16": triton.language.float16,
+        "fp8e4nv": triton.language.float8e4nv,
+    }
     for name in ("WIDE", "MMA"):
         if constexprs.get(name) in wide:
             constexprs[name] = wide[constexprs[name]]

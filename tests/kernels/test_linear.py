@@ -221,8 +221,11 @@ def test_the_activation_quantizer_is_byte_exact(ue8m0):
         None,  # the interpreter's defaults with 128-wide K steps
         LinearTiles(16, 32, 128, split_k=2, swap_ab=True, num_stages=1),
         LinearTiles(16, 16, 128, split_k=3, group_m=2, num_stages=1),
+        # tensor descriptors: the partial row block, weight rows past N, a split range
+        LinearTiles(16, 32, 128, split_k=2, num_stages=1, tma=True),
+        LinearTiles(32, 64, 128, num_stages=1, tma=True),
     ],
-    ids=["default", "swap_split2", "split3_grouped"],
+    ids=["default", "swap_split2", "split3_grouped", "tma_split2", "tma_wide"],
 )
 def test_a8w8_matches_reference(fmt, tiles):
     x, weight = _problem(31, fmt, 20, 150, 384)  # partial row block and scale tile, 3 K steps
@@ -239,3 +242,7 @@ def test_a8w8_negative_control_and_refusals():
     with pytest.raises(ValueError, match=r"dense.linear_a8w8: weight \(w\) is bf16"):
         linear_a8w8(x, quantize_weight(torch.randn(64, 256), "bf16", "w"))
     assert linear_a8w8(x[:0], weight).shape == (0, 64)
+    with pytest.raises(ValueError, match="tma reads e4m3 tiles on both sides"):
+        linear(x, weight, LinearTiles(16, 32, 128, tma=True))
+    with pytest.raises(ValueError, match="tma reads e4m3 tiles on both sides"):
+        linear_a8w8(x, weight, LinearTiles(16, 32, 128, swap_ab=True, tma=True))

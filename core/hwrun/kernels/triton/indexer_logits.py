@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hwrun.kernels.triton.descriptors import use_torch_allocator
 from hwrun.kernels.triton.index_key_tiles import (
     FMT_FP8,
     FMT_MXFP4,
@@ -352,12 +353,6 @@ def _nvidia_sm90_or_later(device: torch.device) -> bool:
     )
 
 
-def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    # Tensor descriptors built inside a kernel live in global memory that Triton asks for at
-    # launch (128 B a program); torch's allocator serves it, also under graph capture.
-    return torch.empty(size, dtype=torch.uint8, device="cuda")
-
-
 def logits_paged(
     q: torch.Tensor,  # [B, n, H, 128] float8_e4m3fn or bf16/fp16/fp32
     weights: torch.Tensor,  # [B * n, H] float32
@@ -462,7 +457,7 @@ def logits_paged(
     }
     prepare_launch()
     if tma and q.is_cuda:
-        triton.set_allocator(_descriptor_scratch)
+        use_torch_allocator()
     if persistent:
         programs = min(B * triton.cdiv(num_ctx_blocks, step), sms * programs_per_sm)
         _persistent_paged_logits_kernel[(programs,)](*args, B, BP=triton.next_power_of_2(B), **meta)

@@ -31,6 +31,11 @@ matrix units as e4m3 (on Hopper an fp8 wgmma, no per-element conversion of the w
 each 128-wide K step's product is multiplied by the activation rows' and weight rows' scales.
 On the H200 this halved the 64-row time of the large projections (docs/benchmarks.md).
 
+``LinearTiles.tma`` (``dense.linear_a8w8`` only; off by default, not yet timed): both e4m3
+tiles load through tensor descriptors (Hopper's copy engine, straight into shared memory, zero
+past the edges), as the paged logits' key pages do, where TMA with a deeper pipeline took the
+kernel from 1.52x to 1.07x DeepGEMM's time on the H200.
+
 ``LinearTiles.f16_products`` (``dense.linear`` over e4m3 weights; off by default, not yet
 timed): ``x`` goes to f16 with a power-of-two scale per row and 128 columns (f16_rows.py, one
 launch, exact as argued there) and the weight codes to f16: one conversion for two codes, where
@@ -55,10 +60,11 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.activation_quant import quantize_activations
+from hwrun.kernels.triton.descriptors import tma_alignment_problems, use_torch_allocator
 from hwrun.kernels.triton.f16_rows import F16_WEIGHT_FORMATS, rows_to_f16
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
-from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, weight_tile
+from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, weight_scales, weight_tile
 from hwrun.ops.linear import check_linear_a8w8_args, check_linear_args
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 
@@ -90,6 +96,7 @@ class LinearTiles:
     num_warps: int = 4
     num_stages: int = 4
     f16_products: bool = False  # dense.linear over e4m3 weights: f16 products (module doc)
+    tma: bool = False  # dense.linear_a8w8: x and W tiles through tensor descriptors (module doc)
 
 
 # Starting points for the H200 (sm_90), to be swept with bench/linear_gpu.py --tune. Decode
@@ -117,6 +124,14 @@ DECODE_GRID = (
     # to write and sum), a deep pipeline per program (not yet timed)
     LinearTiles(64, 32, 128, num_warps=4, num_stages=6),
     LinearTiles(64, 64, 128, num_warps=4, num_stages=5),
+    # dense.linear_a8w8 through tensor descriptors (the sweep skips them for dense.linear),
+    # deeper pipelines than the pointer loads afford (registers hold no addresses), not yet timed
+    LinearTiles(64, 64, 128, num_warps=4, num_stages=4, tma=True),
+    LinearTiles(64, 64, 128, num_warps=4, num_stages=6, tma=True),
+    LinearTiles(64, 128, 128, num_warps=4, num_stages=4, tma=True),
+    LinearTiles(64, 128, 128, num_warps=8, num_stages=4, tma=True),
+    LinearTiles(64, 32, 128, num_warps=4, num_stages=8, tma=True),
+    LinearTiles(16, 64, 128, num_warps=4, num_stages=6, tma=True),
     # f16 products (dense.linear over e4m3 weights; a8w8 ignores the flag), not yet timed
     LinearTiles(16, 32, 128, num_warps=4, num_stages=4, f16_products=True),
     LinearTiles(16, 64, 128, num_warps=4, num_stages=4, f16_products=True),
@@ -197,6 +212,7 @@ def _linear_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    TMA: tl.constexpr,  # A_FP8 over e4m3 weights: both tiles through tensor descriptors
 ):
     # Grouped order: GROUP_M row blocks take the weight's column tiles in turn together.
     pid = tl.program_id(0)
@@ -220,33 +236,55 @@ def _linear_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_mask = kk < K  # a range ends at K or on a BLOCK_K boundary
-        a = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0)
-        if A_FP8:
-            a = a.to(tl.float8e4nv, bitcast=True)
-        a = a.to(MMA)
-        w, scale = weight_tile(
-            w_ptr, s_ptr, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, MMA
+    if TMA:
+        # The copy engine loads both tiles into shared memory, zero past M, N and K, with no
+        # address arithmetic or masks in the threads: the wgmma reads them from there.
+        x_desc = tl.make_tensor_descriptor(
+            x_ptr.to(tl.pointer_type(tl.float8e4nv)),
+            shape=[M, K],
+            strides=[stride_xm, 1],
+            block_shape=[BLOCK_M, BLOCK_K],
         )
-        if SCALED_A:
-            # e4m3 times e4m3 (or f16 times f16), fp32 sums; both sides' scales of this K step
-            # (inside one 128-column group) multiply the step's partial product.
+        w_desc = tl.make_tensor_descriptor(
+            w_ptr.to(tl.pointer_type(tl.float8e4nv)),
+            shape=[N, K],
+            strides=[stride_wn, 1],
+            block_shape=[BLOCK_N, BLOCK_K],
+        )
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            a = x_desc.load([pid_m * BLOCK_M, k0]).to(MMA)
+            w = w_desc.load([pid_n * BLOCK_N, k0]).to(MMA)
             a_scale = tl.load(xs_ptr + m.to(tl.int64) * stride_xsm + k0 // 128, mask=m_mask)
-            if SWAP_AB:
-                acc += tl.dot(w, tl.trans(a)) * (scale[:, None] * a_scale[None, :])
+            scale = weight_scales(s_ptr, n, n_mask, k0, stride_sn, FORMAT)
+            acc += tl.dot(a, tl.trans(w)) * (a_scale[:, None] * scale[None, :])
+    else:
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_mask = kk < K  # a range ends at K or on a BLOCK_K boundary
+            a = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0)
+            if A_FP8:
+                a = a.to(tl.float8e4nv, bitcast=True)
+            a = a.to(MMA)
+            w, scale = weight_tile(
+                w_ptr, s_ptr, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, MMA
+            )
+            if SCALED_A:
+                # e4m3 times e4m3 (or f16 times f16), fp32 sums; both sides' scales of this K step
+                # (inside one 128-column group) multiply the step's partial product.
+                a_scale = tl.load(xs_ptr + m.to(tl.int64) * stride_xsm + k0 // 128, mask=m_mask)
+                if SWAP_AB:
+                    acc += tl.dot(w, tl.trans(a)) * (scale[:, None] * a_scale[None, :])
+                else:
+                    acc += tl.dot(a, tl.trans(w)) * (a_scale[:, None] * scale[None, :])
+            elif SWAP_AB:
+                if FORMAT == 0:
+                    acc = tl.dot(w, tl.trans(a), acc)
+                else:
+                    acc += tl.dot(w, tl.trans(a)) * scale[:, None]
+            elif FORMAT == 0:
+                acc = tl.dot(a, tl.trans(w), acc)
             else:
-                acc += tl.dot(a, tl.trans(w)) * (a_scale[:, None] * scale[None, :])
-        elif SWAP_AB:
-            if FORMAT == 0:
-                acc = tl.dot(w, tl.trans(a), acc)
-            else:
-                acc += tl.dot(w, tl.trans(a)) * scale[:, None]
-        elif FORMAT == 0:
-            acc = tl.dot(a, tl.trans(w), acc)
-        else:
-            acc += tl.dot(a, tl.trans(w)) * scale[None, :]
+                acc += tl.dot(a, tl.trans(w)) * scale[None, :]
     out = out_ptr + split.to(tl.int64) * stride_os
     if SWAP_AB:
         ptrs = out + m.to(tl.int64)[None, :] * stride_om + n[:, None]
@@ -297,6 +335,13 @@ def _check(
         problems.append(
             f"block_k {tiles.block_k} must be {FP8_BLOCK}: one activation scale per K step"
         )
+    if tiles.tma and (not a8w8 or tiles.swap_ab or weight.format == "bf16"):
+        problems.append(
+            "tma reads e4m3 tiles on both sides: dense.linear_a8w8 over block-FP8 weights, "
+            "without swap_ab"
+        )
+    if tiles.tma and weight.data.is_cuda:
+        problems += tma_alignment_problems("the weight", weight.data)
     if tiles.split_k < 1 or tiles.group_m < 1:
         problems.append(f"split_k and group_m must be >= 1, got {tiles.split_k}, {tiles.group_m}")
     if problems:
@@ -371,6 +416,8 @@ def _launch(
     if split > 1:
         partials = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split)
+    if tiles.tma and x.is_cuda:
+        use_torch_allocator()
     _linear_kernel[grid](
         x, x_scales if scaled_a else x, data, scales, partials, m, n, k,
         x.stride(0), x_scales.stride(0) if scaled_a else 0, data.stride(0),
@@ -379,7 +426,7 @@ def _launch(
         steps_per_split * tiles.block_k,
         FORMAT=FORMAT_CODES[weight.format], A_FP8=a_fp8, SCALED_A=scaled_a, MMA=mma,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab,
+        GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab, TMA=tiles.tma,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if split > 1:

@@ -53,14 +53,22 @@ def weight_tile(
         scale = tl.full(n.shape, 1.0, tl.float32)
     else:
         tile = raw.to(tl.float8e4nv, bitcast=True).to(WIDE)
-        scale_ptrs = s_base + (n // 128) * stride_sn + k0 // 128
-        if FORMAT == 1:
-            scale = tl.load(scale_ptrs, mask=n_mask, other=0.0)
-        else:  # ue8m0 codes: 2^(code - 127), code 0 is 2^-127
-            field = tl.load(scale_ptrs, mask=n_mask, other=127).to(tl.int32)
-            power = (field << 23).to(tl.float32, bitcast=True)
-            scale = tl.where(field == 0, 5.877471754111438e-39, power)
+        scale = weight_scales(s_base, n, n_mask, k0, stride_sn, FORMAT)
     return tile, scale
+
+
+@triton.jit
+def weight_scales(s_base, n, n_mask, k0, stride_sn, FORMAT: tl.constexpr):
+    """The fp32 scales [BLOCK_N] of a block-FP8 weight's rows ``n`` for the 128 columns K step
+    ``k0`` lies in (FORMAT 1: fp32 scales; 2: ue8m0 codes)."""
+    scale_ptrs = s_base + (n // 128) * stride_sn + k0 // 128
+    if FORMAT == 1:
+        scale = tl.load(scale_ptrs, mask=n_mask, other=0.0)
+    else:  # ue8m0 codes: 2^(code - 127), code 0 is 2^-127
+        field = tl.load(scale_ptrs, mask=n_mask, other=127).to(tl.int32)
+        power = (field << 23).to(tl.float32, bitcast=True)
+        scale = tl.where(field == 0, 5.877471754111438e-39, power)
+    return scale
 
 
 @triton.jit
