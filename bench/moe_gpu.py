@@ -123,17 +123,6 @@ TUNE_GRID = [
     moe.TileConfig(16, 128, 128, 8, 4, f16_products=True),
     moe.TileConfig(32, 64, 128, 4, 4, f16_products=True),
     moe.TileConfig(32, 128, 128, 8, 3, f16_products=True),
-    # The down kernel's own D tile and 128-wide K steps (over several of h's scale groups),
-    # so that the gate/up tile can narrow to more programs: at the bench model's T=64 ncu
-    # showed the 64-wide gate/up tile's 512 working programs in 1.94 waves (3 resident per
-    # SM, 142 registers) at 65% of the copy rate, and the down kernel's 64 x 64 steps at 58%.
-    moe.TileConfig(16, 16, 128, 4, 4, f16_products=True, down_block_n=128, down_block_k=128),
-    moe.TileConfig(16, 32, 128, 4, 4, f16_products=True, down_block_n=64, down_block_k=128),
-    moe.TileConfig(16, 32, 128, 4, 4, f16_products=True, down_block_n=128, down_block_k=128),
-    moe.TileConfig(16, 32, 128, 4, 6, f16_products=True, down_block_n=128, down_block_k=128),
-    moe.TileConfig(16, 32, 128, 8, 4, f16_products=True, down_block_n=256, down_block_k=128),
-    moe.TileConfig(16, 64, 128, 4, 4, f16_products=True, down_block_n=64, down_block_k=128),
-    moe.TileConfig(16, 64, 128, 4, 4, f16_products=True, down_block_n=128, down_block_k=128),
 ]
 
 

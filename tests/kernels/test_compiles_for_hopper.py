@@ -191,11 +191,6 @@ VARIANTS = {
         {**DOWN, "h_ptr": "*fp16"},
         {**MOE_F16, "BLOCK_N": 64, "BLOCK_K": 64, "H_GROUP": 64},
     ),
-    # a down tile of its own, K steps of 128 over four of h's 32-column scale groups
-    "down_f16_common_scale": (
-        {**DOWN, "h_ptr": "*fp16"},
-        {**MOE_F16, "BLOCK_N": 128, "BLOCK_K": 128, "H_GROUP": 32},
-    ),
 }
 # Triton's default is 4 warps; sparse MLA decode launches 8.
 NUM_WARPS = {

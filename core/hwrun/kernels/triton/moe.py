@@ -68,17 +68,11 @@ class TileConfig:
     group per step)."""
 
     block_m: int
-    block_n: int  # the gate/up kernel's I tile (with f16 products, h's scale group too)
+    block_n: int
     block_k: int
     num_warps: int
     num_stages: int
     f16_products: bool = False  # e4m3 weights against f16 activations (the module doc)
-    # The down kernel's D tile and K step; None: block_n, and block_k (with f16 products, at
-    # most block_n: one of h's scale groups a step). Set, the down tiles need not follow the
-    # gate/up tile, whose width also sets how many gate/up programs there are: at 64 tokens x
-    # top-8 of 64 experts, 64-wide I tiles leave 512 working programs for 396 resident ones.
-    down_block_n: int | None = None
-    down_block_k: int | None = None
 
 
 # Tuned on the H200 by rows per expert (docs/benchmarks.md): the middle and prefill tiles at
@@ -133,16 +127,6 @@ def _can_fuse_shared(
     return True
 
 
-def _down_tiles(tiles: TileConfig, f16: bool) -> tuple[int, int]:
-    """The down kernel's (D tile, K step). By default a K step with f16 products stays inside
-    one of h's scale groups; an explicit ``down_block_k`` may span several (the kernel brings
-    them to one scale)."""
-    down_n = tiles.down_block_n or tiles.block_n
-    if tiles.down_block_k is not None:
-        return down_n, tiles.down_block_k
-    return down_n, min(tiles.block_k, tiles.block_n) if f16 else tiles.block_k
-
-
 def _swiglu_grouped(
     x: torch.Tensor,  # [T, D] bf16
     w13: QuantizedWeight,  # [E, 2I, D] or [2I, D]
@@ -190,12 +174,12 @@ def _swiglu_grouped(
     )  # fmt: skip
     data, scales, we, wn, se, sn = _weight_args(w2)
     shared_data, shared_scales = _weight_args(shared[1])[:2] if shared else (data, scales)
-    down_n, down_k = _down_tiles(tiles, f16)
-    _down_kernel[(layout.num_blocks, triton.cdiv(hidden, down_n))](
+    # f16: a K step of the down product stays inside one of h's scale tiles
+    down_k = min(tiles.block_k, tiles.block_n) if f16 else tiles.block_k
+    _down_kernel[(layout.num_blocks, triton.cdiv(hidden, tiles.block_n))](
         h, h_scales, data, scales, shared_data, shared_scales, layout.sorted_slots,
         layout.block_expert, route, out, hidden, inter, layout.routed_slots, group_e, we, wn, se,
-        sn, FORMAT=FORMAT_CODES[w2.format], BLOCK_K=down_k, H_GROUP=tiles.block_n,
-        **{**common, "BLOCK_N": down_n},
+        sn, FORMAT=FORMAT_CODES[w2.format], BLOCK_K=down_k, H_GROUP=tiles.block_n, **common,
     )  # fmt: skip
     return out
 
@@ -217,17 +201,10 @@ def _check(
     for w in weights:
         if w.format not in WEIGHT_FORMATS:
             problems.append(f"{w.name} is {w.format}; the kernel reads {list(WEIGHT_FORMATS)}")
-    for name, step in (("block_k", tiles.block_k), ("down_block_k", tiles.down_block_k)):
-        if step is not None and FP8_BLOCK % step and any(w.format != "bf16" for w in weights):
-            problems.append(
-                f"{name} {step} must divide the fp8 scale tile {FP8_BLOCK} and the int4 group "
-                f"{INT4_GROUP}"
-            )
-    step, group = tiles.down_block_k, tiles.block_n
-    if step is not None and tiles.f16_products and max(step, group) % min(step, group):
+    if FP8_BLOCK % tiles.block_k and any(w.format != "bf16" for w in weights):
         problems.append(
-            f"down_block_k {step} and block_n {group} (h's scale group with f16 products) "
-            f"must divide one another"
+            f"block_k {tiles.block_k} must divide the fp8 scale tile {FP8_BLOCK} and the int4 "
+            f"group {INT4_GROUP}"
         )
     if any(w.device != x.device for w in weights) or ids.device != x.device:
         problems.append("x, ids and every weight must be on one device")

@@ -36,24 +36,6 @@ def _row_scales(ptrs, valid, F16: tl.constexpr):
 
 
 @triton.jit
-def _common_scale(a, hs_ptr, rows, valid, kk, k_mask, h_groups, H_GROUP: tl.constexpr):
-    """An h tile [BLOCK_M, BLOCK_K] spanning several of its rows' scale groups, brought to each
-    row's largest group scale: each group's f16 values times 2^-s_g / 2^-s_max, a power of two
-    at most 1, so exact down to f16's subnormals. That is the envelope a BLOCK_K-wide group
-    would have had (f16_rows.py): a value below 2^-29 of the step's largest magnitude rounds once,
-    in the subnormals. Returns the tile and the rows' common 2^-s."""
-    group_scales = tl.load(
-        hs_ptr + rows.to(tl.int64)[:, None] * h_groups + (kk // H_GROUP)[None, :],
-        mask=valid[:, None] & k_mask[None, :],
-        other=0.0,  # columns past I and padding rows: no scale (their values are 0)
-    )
-    common = tl.max(group_scales, axis=1)
-    common = tl.where(common > 0, common, 1.0)
-    a = (a.to(tl.float32) * (group_scales / common[:, None])).to(tl.float16)
-    return a, common
-
-
-@triton.jit
 def _expert_weights(
     expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED: tl.constexpr
 ):
@@ -228,12 +210,7 @@ def _down_kernel(
                 mask=valid[:, None] & k_mask[None, :],
                 other=0,
             ).to(WIDE)
-            if F16 and H_GROUP < BLOCK_K:
-                a, a_scale = _common_scale(a, hs_ptr, rows, valid, kk, k_mask, h_groups, H_GROUP)
-            else:
-                a_scale = _row_scales(
-                    hs_ptr + rows.to(tl.int64) * h_groups + k0 // H_GROUP, valid, F16
-                )
+            a_scale = _row_scales(hs_ptr + rows.to(tl.int64) * h_groups + k0 // H_GROUP, valid, F16)
             w, s = weight_tile(
                 w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
             )
