@@ -15,6 +15,17 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.uint8, device="cuda")
 
 
+def nvidia_sm90_or_later(device: torch.device) -> bool:
+    """An NVIDIA GPU of Hopper's generation or later (its tensor copy engine, its shared
+    memory for deep pipelines), not ROCm and not the interpreter: what the defaults that use
+    descriptors were tuned on."""
+    return (
+        device.type == "cuda"
+        and torch.version.hip is None
+        and torch.cuda.get_device_capability(device)[0] >= 9
+    )
+
+
 def use_torch_allocator() -> None:
     """Before a launch whose kernel builds tensor descriptors on a GPU."""
     triton.set_allocator(_scratch)

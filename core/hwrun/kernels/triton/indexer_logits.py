@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hwrun.kernels.triton.descriptors import use_torch_allocator
+from hwrun.kernels.triton.descriptors import nvidia_sm90_or_later, use_torch_allocator
 from hwrun.kernels.triton.index_key_tiles import (
     FMT_FP8,
     FMT_MXFP4,
@@ -342,17 +342,6 @@ def _tma_reasons(fmt: str, step: int, cache: torch.Tensor, block_size: int) -> l
     return reasons
 
 
-def _nvidia_sm90_or_later(device: torch.device) -> bool:
-    """An NVIDIA GPU of Hopper's generation or later (its tensor copy engine, its shared
-    memory for deep pipelines), not ROCm and not the interpreter: what the defaults were
-    tuned on."""
-    return (
-        device.type == "cuda"
-        and torch.version.hip is None
-        and torch.cuda.get_device_capability(device)[0] >= 9
-    )
-
-
 def logits_paged(
     q: torch.Tensor,  # [B, n, H, 128] float8_e4m3fn or bf16/fp16/fp32
     weights: torch.Tensor,  # [B * n, H] float32
@@ -414,11 +403,11 @@ def logits_paged(
     if persistent and programs_per_sm < 1:
         raise ValueError(f"logits_paged: programs_per_sm must be >= 1, got {programs_per_sm}")
     if tma is None:
-        tma = _nvidia_sm90_or_later(q.device) and not _tma_reasons(fmt, step, cache, block_size)
+        tma = nvidia_sm90_or_later(q.device) and not _tma_reasons(fmt, step, cache, block_size)
     elif tma and (reasons := _tma_reasons(fmt, step, cache, block_size)):
         raise ValueError("logits_paged: tma=True cannot run: " + "; ".join(reasons))
     if num_stages is None:
-        num_stages = 6 if fmt == "fp8" and _nvidia_sm90_or_later(q.device) else 4
+        num_stages = 6 if fmt == "fp8" and nvidia_sm90_or_later(q.device) else 4
     out = torch.empty((B * n, max_ctx), dtype=torch.float32, device=q.device)
     if B == 0 or max_ctx == 0:
         return out

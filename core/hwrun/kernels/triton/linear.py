@@ -31,10 +31,11 @@ matrix units as e4m3 (on Hopper an fp8 wgmma, no per-element conversion of the w
 each 128-wide K step's product is multiplied by the activation rows' and weight rows' scales.
 On the H200 this halved the 64-row time of the large projections (docs/benchmarks.md).
 
-``LinearTiles.tma`` (``dense.linear_a8w8`` only; off by default, not yet timed): both e4m3
-tiles load through tensor descriptors (Hopper's copy engine, straight into shared memory, zero
-past the edges), as the paged logits' key pages do, where TMA with a deeper pipeline took the
-kernel from 1.52x to 1.07x DeepGEMM's time on the H200.
+``LinearTiles.tma`` (``dense.linear_a8w8`` only): both e4m3 tiles load through tensor
+descriptors (Hopper's copy engine, straight into shared memory, zero past the edges), as the
+paged logits' key pages do. The default on sm_90+ for 33-64 rows (``TMA_ROWS``), where it took
+the engine's three projections 3-13% below the pointer loads on the H200; still 1.3-1.45x
+DeepGEMM's GEMM there.
 
 ``LinearTiles.f16_products`` (``dense.linear`` over e4m3 weights; off by default, not yet
 timed): ``x`` goes to f16 with a power-of-two scale per row and 128 columns (f16_rows.py, one
@@ -60,7 +61,11 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.activation_quant import quantize_activations
-from hwrun.kernels.triton.descriptors import tma_alignment_problems, use_torch_allocator
+from hwrun.kernels.triton.descriptors import (
+    nvidia_sm90_or_later,
+    tma_alignment_problems,
+    use_torch_allocator,
+)
 from hwrun.kernels.triton.f16_rows import F16_WEIGHT_FORMATS, rows_to_f16
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
@@ -78,6 +83,10 @@ PROGRAMS_PER_SM = 2  # decode: split K until about this many programs per SM
 # and 8 us at split 8, q_a [1536, 4096] 21 and 11 us; K / (8 M) put the joined q_a+wk+kv_a
 # [2240, 4096] at split 8, 12.5 us against 11.5 at split 4, a8w8, 2026-12-01.)
 PARTIAL_TRAFFIC_DIVISOR = 16
+# dense.linear_a8w8's rows that take tensor descriptors by default on sm_90+ (the 64-row
+# decode tiles, 4 stages): at 64 rows on the H200 (2026-12-03) o_proj 18.2 -> 16.4 us,
+# q_b+wq_b 16.9 -> 14.7, q_a+wk+kv_a 11.5 -> 11.2. Fewer rows: untimed.
+TMA_ROWS = (33, DECODE_ROWS)
 NARROW_N = 2048  # up to this many output columns decode tiles are 32 wide (more programs)
 
 
@@ -375,6 +384,12 @@ def linear_a8w8(
     if tiles is None:
         # one activation scale per K step (the GPU defaults already step 128 columns)
         tiles = replace(_tiles_for(x, weight, None), block_k=FP8_BLOCK)
+        if (
+            TMA_ROWS[0] <= x.shape[0] <= TMA_ROWS[1]
+            and nvidia_sm90_or_later(x.device)
+            and not tma_alignment_problems("the weight", weight.data)
+        ):
+            tiles = replace(tiles, tma=True, num_stages=4)
     _check(x, weight, tiles, a8w8=True)
     codes, scales = quantize_activations(x, ue8m0=weight.format == "fp8_block128_ue8m0")
     return _launch(codes, scales, weight, tiles, x.dtype)
