@@ -1,7 +1,8 @@
 """Decode time per output token of the engine's model runner, against the decode roofline.
 
 For each (batch, context) the KV pool holds ``batch`` sequences of ``context`` tokens (valid
-cache bytes: one block encoded by the platform's own cache writes, copied to every block) and
+cache bytes, encoded by the platform's own cache writes: one block's latents copied to every
+block, and every slot's own random index key, see :func:`fill_cache`) and
 the runner decodes one token per sequence per step, as the scheduler would hand it; the step
 time is the median over ``--steps`` steps (wall time of ``runner.execute`` and a synchronize,
 CUDA graphs as the engine captures them), and again with each step launched before the host
