@@ -9,7 +9,8 @@ The CPU interpreter runs a kernel as Python, so it misses what only Triton's com
 (a constexpr redefined in each round of a static loop). Triton's own compiler, with the ptxas
 its wheel carries, builds the cubin here, in a child process without TRITON_INTERPRET (which
 this directory's conftest sets). The H200 runs Triton 3.6, CI the CPU wheel's version, so this
-catches language errors, not every difference between the two."""
+catches language errors, not every difference between the two: 3.6's code generator refuses a
+chained comparison (``8 <= BITS <= 32``) that 3.9's compiles."""
 
 from __future__ import annotations
 
@@ -131,20 +132,33 @@ LINEAR_F16 = {
     "SWAP_AB": False,
     "TMA": False,
 }
+# the top-k's one-program-per-row kernels at the decode default (8192 maxima and slots)
+THRESHOLD_ARGS = {**ROWS, **dict.fromkeys(THRESHOLD, "*i32"), "L": "i32", "k": "i32"}
+THRESHOLD_DECODE = {
+    "M": 8192,
+    "LEVELS": 5,
+    "BITS": 16,
+    "LIST": True,
+    "PAIRS": False,
+    "RADIX": False,
+}
+SELECT_ARGS = {"logits_ptr": "*fp32", **ROWS, **dict.fromkeys(SELECT, "*i32"), **SCALARS}
+SELECT_DECODE = {
+    "CAP": 8192,
+    "IDX_BITS": 17,
+    "BLOCK": 1024,
+    "K_BLOCK": 2048,
+    "PAIRS": False,
+    "RADIX": False,
+}
 # kernel -> (signature, constexprs)
 VARIANTS = {
-    "threshold_one_bit": (
-        {**ROWS, **dict.fromkeys(THRESHOLD, "*i32"), "L": "i32", "k": "i32"},
-        {"M": 8192, "LEVELS": 5, "BITS": 16, "LIST": True, "PAIRS": False},
-    ),
-    "threshold_two_bits": (
-        {**ROWS, **dict.fromkeys(THRESHOLD, "*i32"), "L": "i32", "k": "i32"},
-        {"M": 8192, "LEVELS": 5, "BITS": 16, "LIST": True, "PAIRS": True},
-    ),
-    "select_two_bits": (
-        {"logits_ptr": "*fp32", **ROWS, **dict.fromkeys(SELECT, "*i32"), **SCALARS},
-        {"CAP": 8192, "IDX_BITS": 17, "BLOCK": 1024, "K_BLOCK": 2048, "PAIRS": True},
-    ),
+    "threshold_one_bit": (THRESHOLD_ARGS, {**THRESHOLD_DECODE, "PAIRS": False}),
+    "threshold_two_bits": (THRESHOLD_ARGS, {**THRESHOLD_DECODE, "PAIRS": True}),
+    # 8 bits a round: the histograms' masks, the reversed scan and the three-way reduction
+    "threshold_radix": (THRESHOLD_ARGS, {**THRESHOLD_DECODE, "RADIX": True}),
+    "select_two_bits": (SELECT_ARGS, {**SELECT_DECODE, "PAIRS": True}),
+    "select_radix": (SELECT_ARGS, {**SELECT_DECODE, "RADIX": True}),
     "compact_live": (
         {"logits_ptr": "*fp32", **ROWS, **dict.fromkeys(COMPACT, "*i32"), **SCALARS},
         {"M": 8192, "LEVELS": 5, "CAP": 8192, "BLOCK": 1024},
@@ -192,8 +206,11 @@ VARIANTS = {
         {**MOE_F16, "BLOCK_N": 64, "BLOCK_K": 64, "H_GROUP": 64},
     ),
 }
-# Triton's default is 4 warps; sparse MLA decode launches 8.
+# Triton's default is 4 warps; sparse MLA decode launches 8, and so do the top-k's
+# one-program-per-row kernels by default (select_warps).
 NUM_WARPS = {
+    "threshold_radix": 8,
+    "select_radix": 8,
     "mla_whole_rows": 8,
     "mla_bf16_position": 8,
     "mla_whole_rows_bf16_position": 8,

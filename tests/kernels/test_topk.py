@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.topk import topk as radix_topk
+from hwrun.kernels.triton.topk_select import kth_largest, kth_largest_radix
 from hwrun.kernels.triton.topk_threshold import MAX_K, ThresholdTiles, candidate_counts, topk
 from hwrun.ops.topk import topk as reference
 
@@ -25,6 +30,9 @@ BY_SEGMENT = ThresholdTiles(
     segments=32, capacity=128, block=256, compact_block=64, chunks=3, by_segment=True
 )
 PAIRS = ThresholdTiles(segments=32, capacity=128, block=256, compact_block=64, search_pairs=True)
+RADIX = ThresholdTiles(
+    segments=32, capacity=128, block=256, compact_block=64, chunks=3, radix_search=True
+)
 I32 = torch.int32
 
 
@@ -54,8 +62,8 @@ def _edge_rows(seed, length=1500):
 
 @pytest.mark.parametrize(
     "tiles",
-    [SMALL, TINY_CAPACITY, BY_SEGMENT, PAIRS],
-    ids=["small", "tiny_capacity", "by_segment", "pairs"],
+    [SMALL, TINY_CAPACITY, BY_SEGMENT, PAIRS, RADIX],
+    ids=["small", "tiny_capacity", "by_segment", "pairs", "radix"],
 )
 @pytest.mark.parametrize("seed", [0, 1])
 def test_threshold_matches_reference_sets(seed, tiles):
@@ -86,7 +94,9 @@ def test_compacting_by_segment_finds_the_same_candidates():
     _assert_sets(topk(logits, starts, ends, 8, BY_SEGMENT), reference(logits, starts, ends, 8))
 
 
-@pytest.mark.parametrize("tiles", [SMALL, BY_SEGMENT, PAIRS], ids=["small", "by_segment", "pairs"])
+@pytest.mark.parametrize(
+    "tiles", [SMALL, BY_SEGMENT, PAIRS, RADIX], ids=["small", "by_segment", "pairs", "radix"]
+)
 def test_threshold_overflow_rows_take_the_exact_slow_path(tiles):
     # Sorted, all-equal and three-valued rows put whole segments (or the whole window) over T.
     g = torch.Generator().manual_seed(2)
@@ -111,6 +121,102 @@ def test_two_bits_a_round_find_the_same_threshold(bits):
     torch.testing.assert_close(two, one)
     with pytest.raises(ValueError, match="threshold_bits must be even, got 13"):
         topk(*rows, 16, replace(PAIRS, threshold_bits=13))
+
+
+def test_radix_search_finds_the_same_threshold():
+    """radix_search finds the bitwise search's T (so the same candidate count), and refuses
+    threshold_bits that are not whole bytes and the two-bit search (other whole bytes: the
+    direct test of kth_largest_radix below)."""
+    rows = _edge_rows(2)
+    one = candidate_counts(*rows, 16, SMALL)
+    torch.testing.assert_close(candidate_counts(*rows, 16, RADIX), one)
+    with pytest.raises(ValueError, match="threshold_bits=12, search_pairs=False"):
+        topk(*rows, 16, replace(RADIX, threshold_bits=12))
+    with pytest.raises(ValueError, match="threshold_bits=16, search_pairs=True"):
+        topk(*rows, 16, replace(RADIX, search_pairs=True))
+
+
+def test_radix_search_on_fresh_rows():
+    """Longer rows than the edge rows, in windows that start and end off every tile: scores of
+    both signs, negative only, crowded in one top byte (T and the largest candidate share it,
+    so select_candidates copies that round), and ties at the k-th score that the index cuts."""
+    g = torch.Generator().manual_seed(7)
+    length = 8192
+    logits = torch.randn(4, length, generator=g)
+    logits[1] = -logits[1].abs() - 0.5
+    logits[2] = 1.0 + torch.rand(length, generator=g)  # every key's top byte is 0xBF
+    logits[3] = torch.round(logits[3] * 4)
+    starts = torch.tensor([3, 0, 1001, 17], dtype=I32)
+    ends = torch.tensor([8190, 8192, 7777, 6000], dtype=I32)
+    tiles = ThresholdTiles(
+        segments=1024, capacity=1024, block=1024, compact_block=256, radix_search=True
+    )
+    counts = candidate_counts(logits, starts, ends, 256, tiles)
+    assert (counts <= tiles.capacity // 2).all(), counts  # the half tile, in every row
+    _assert_sets(topk(logits, starts, ends, 256, tiles), reference(logits, starts, ends, 256))
+
+
+@triton.jit
+def _both_searches(keys_ptr, bounds_ptr, out_ptr, k, N: tl.constexpr, BITS: tl.constexpr):
+    keys = tl.load(keys_ptr + tl.arange(0, N)).to(tl.uint32, bitcast=True)
+    lo = tl.load(bounds_ptr).to(tl.uint32, bitcast=True)
+    hi = tl.load(bounds_ptr + 1).to(tl.uint32, bitcast=True)
+    bitwise = kth_largest(keys, k, lo, hi, BITS, False)
+    radix, need, ties = kth_largest_radix(keys, k, lo, hi, BITS)
+    tl.store(out_ptr, bitwise.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + 1, radix.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + 2, need)
+    tl.store(out_ptr + 3, ties)
+
+
+def _crowded_keys(rng, n):
+    """uint32 key sets [n] that put the k-th key's digits in one crowded bin."""
+    uniform = rng.integers(0, 1 << 32, n, dtype=np.uint64)
+    one_byte = 0xBF000000 | rng.integers(0, 1 << 24, n, dtype=np.uint64)
+    # top bytes 0xBE and 0xBF: a lo and hi whose bytes differ in the last bit only
+    neighbour_bytes = 0xBE000000 | rng.integers(0, 1 << 25, n, dtype=np.uint64)
+    two_bytes = 0xC3A50000 | rng.integers(0, 1 << 16, n, dtype=np.uint64)
+    two_bytes[:5] = 0xFFFF0000  # a few keys above the crowd, in another top byte
+    repeated = rng.choice(np.array([0x007FFFFF, 0x80000000, 0xC0000000, 0xC0000001]), n)
+    return {
+        "uniform": uniform,
+        "one_byte": one_byte,
+        "neighbour_bytes": neighbour_bytes,
+        "two_bytes": two_bytes,
+        "repeated": repeated,
+    }
+
+
+@pytest.mark.parametrize("bits", [8, 16, 32])
+def test_kth_largest_radix_equals_the_bitwise_search(bits):
+    """kth_largest_radix gives kth_largest's v (the k-th key with the bits below BITS cleared)
+    and the counts at v, with lo and hi as _threshold passes them (0, all ones) and as
+    select_candidates does (a lower bound with 16 bits, the largest key)."""
+    rng = np.random.default_rng(bits)
+    n = 1024
+    prepare_launch()
+    for name, keys in _crowded_keys(rng, n).items():
+        descending = np.sort(keys)[::-1]
+        top = (0xFFFFFFFF << (32 - bits)) & 0xFFFFFFFF
+        for k in (1, 37, 300, n):
+            v = int(descending[k - 1]) & top
+            need = k - int(((keys & top) > v).sum())
+            ties = int(((keys & top) == v).sum())
+            lower = int(descending[min(2 * k, n) - 1]) & 0xFFFF0000
+            for lo, hi in ((0, 0xFFFFFFFF), (lower, int(descending[0]))):
+                out = torch.empty(4, dtype=I32)
+                _both_searches[(1,)](
+                    torch.from_numpy(keys.astype(np.uint32).view(np.int32)),
+                    torch.from_numpy(np.array([lo, hi], dtype=np.uint32).view(np.int32)),
+                    out,
+                    k,
+                    n,
+                    bits,
+                )
+                got = out.numpy().view(np.uint32).tolist()
+                case = f"{name} k={k} lo={lo:#x} hi={hi:#x}"
+                assert got[0] == got[1] == v, case
+                assert (out[2].item(), out[3].item()) == (need, ties), case
 
 
 def test_threshold_short_and_empty_rows_pad_with_minus_one():
@@ -138,12 +244,13 @@ def test_threshold_short_windows_in_long_rows_keep_fine_segments():
     _assert_sets(got, reference(logits, starts, ends, 8))
 
 
-def test_threshold_k_one_and_k_over_the_row():
+@pytest.mark.parametrize("tiles", [SMALL, RADIX], ids=["small", "radix"])
+def test_threshold_k_one_and_k_over_the_row(tiles):
     logits, starts, ends = _edge_rows(4, length=200)
     ends = torch.minimum(ends, torch.tensor(200, dtype=I32))
     starts = torch.minimum(starts, ends)
     for k in (1, 150, 256):
-        _assert_sets(topk(logits, starts, ends, k, SMALL), reference(logits, starts, ends, k))
+        _assert_sets(topk(logits, starts, ends, k, tiles), reference(logits, starts, ends, k))
 
 
 def test_threshold_hands_large_k_to_the_radix_kernel():
@@ -175,11 +282,15 @@ def test_radix_short_and_empty_rows_pad_with_minus_one():
     assert sorted(got[2].tolist()[:14]) == list(range(14)) and got[2, 14:].eq(-1).all()
 
 
-@pytest.mark.parametrize("impl", ["threshold", "radix"])
+@pytest.mark.parametrize("impl", ["threshold", "threshold_radix_search", "radix"])
 def test_equal_scores_take_smallest_indices(impl):
     logits = torch.zeros(1, 1000)
     logits[0, 900:] = 5.0  # 100 clear winners, then 900 ties at 0 for the rest
     starts, ends = torch.tensor([0], dtype=I32), torch.tensor([1000], dtype=I32)
-    run = {"threshold": lambda *args: topk(*args, SMALL), "radix": radix_topk}[impl]
+    run = {
+        "threshold": lambda *args: topk(*args, SMALL),
+        "threshold_radix_search": lambda *args: topk(*args, RADIX),
+        "radix": radix_topk,
+    }[impl]
     got = run(logits, starts, ends, 128)
     assert sorted(got[0].tolist()) == sorted([*range(900, 1000), *range(28)])

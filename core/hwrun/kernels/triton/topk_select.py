@@ -1,7 +1,8 @@
 """indexer.topk's exact selection (topk_threshold.py's passes 2 and 4): a row's clamped window,
-the search for the k-th largest key over keys held in registers, and the select program that
-picks a row's k best among its candidates (ties at the k-th key by smallest index), or hands a
-row whose candidates overflowed to the radix kernel's exact per-row path.
+the search for the k-th largest key over keys held in registers (bit by bit, two bits a round,
+or eight bits a round by histograms), and the select program that picks a row's k best among
+its candidates (ties at the k-th key by smallest index), or hands a row whose candidates
+overflowed to the radix kernel's exact per-row path.
 """
 
 from __future__ import annotations
@@ -68,6 +69,61 @@ def _add3(a0, b0, c0, a1, b1, c1):
 
 
 @triton.jit
+def kth_largest_radix(keys, k, lo, hi, BITS: tl.constexpr):
+    """kth_largest's v (the largest v, zero below its top BITS bits, with at least k keys >= v)
+    in rounds of 8 bits, each a 256-bin histogram of the next digit of the keys that match v so
+    far: BITS // 8 rounds of three steps across warps (histogram, scan, reduction) where the
+    bitwise search takes BITS reductions. Given lo <= v and no key above hi (their maximum, or
+    all ones): a round whose bits, and every bit above them, are the same in lo and hi copies
+    them from lo, not searched; the last round is always searched, for its counts: ``need``, k
+    less the keys whose top BITS bits are above v's, and ``ties``, the keys whose top BITS bits
+    are v's (1 <= need <= ties; with BITS 32, the keys > v and == v). Returns (v, need, ties).
+    """
+    tl.static_assert(BITS % 8 == 0 and BITS > 0 and BITS <= 32, "1 to 4 whole 8-bit rounds")
+    diff = lo ^ hi
+    v = tl.zeros((), tl.uint32)
+    # A tensor from the start: a round that copies must leave it the type a searched one gives.
+    need = tl.zeros((), tl.int32) + k
+    for r in tl.static_range(BITS // 8 - 1):
+        if (diff >> (24 - 8 * r)) == 0:
+            v = v | (lo & (tl.full((), 0xFF, tl.uint32) << (24 - 8 * r)))
+        else:
+            v, need, _ = _radix_round(keys, v, need, 24 - 8 * r)
+    return _radix_round(keys, v, need, 32 - BITS)
+
+
+@triton.jit
+def _radix_round(keys, v, need, SHIFT: tl.constexpr):
+    """The 8-bit digit at SHIFT of the need-th largest key among those matching v above SHIFT,
+    put into v; need less the matching keys in higher digits; the matching keys at the digit."""
+    digit = ((keys >> SHIFT) & 0xFF).to(tl.int32)
+    if SHIFT == 24:
+        hist = tl.histogram(digit, 256)
+    else:
+        hist = tl.histogram(digit, 256, mask=((keys ^ v) >> (SHIFT + 8)) == 0)
+    at_or_above = tl.cumsum(hist, 0, reverse=True)  # matching keys in this digit or higher
+    # Digits 0 .. d reach need (at_or_above falls as d rises): d is their count less one, and
+    # the largest at_or_above short of need is the count above d (0 when d is 255).
+    reach = at_or_above >= need
+    reaching, above, at_or_above_d = tl.reduce(
+        (
+            reach.to(tl.int32),
+            tl.where(reach, 0, at_or_above),
+            tl.where(reach, at_or_above, 0x7FFFFFFF),
+        ),
+        0,
+        _fold_digits,
+    )
+    v = v | ((reaching - 1).to(tl.uint32) << SHIFT)
+    return v, need - above, at_or_above_d - above
+
+
+@triton.jit
+def _fold_digits(reach0, above0, at0, reach1, above1, at1):
+    return reach0 + reach1, tl.maximum(above0, above1), tl.minimum(at0, at1)
+
+
+@triton.jit
 def _nth_smallest(idx, chosen, n, IDX_BITS: tl.constexpr):
     """The n-th smallest of the distinct ``idx`` where ``chosen`` (1 <= n <= their count)."""
     v = tl.zeros((), tl.int32)
@@ -90,6 +146,7 @@ def _select_tile(
     TILE: tl.constexpr,
     IDX_BITS: tl.constexpr,
     PAIRS: tl.constexpr,
+    RADIX: tl.constexpr,
 ):
     """The k best of n <= TILE candidates, all in registers."""
     lane = tl.arange(0, TILE)
@@ -99,12 +156,17 @@ def _select_tile(
     key = tl.load(key_row + lane).to(tl.uint32, bitcast=True)
     key = tl.where(valid, key, tl.zeros_like(key))
     idx = tl.load(idx_row + lane)
-    kth = kth_largest(key, k, t, tl.max(key, 0), 32, PAIRS)
+    if RADIX:
+        # The last histogram's counts stand in for two more reductions.
+        kth, need, ties = kth_largest_radix(key, k, t, tl.max(key, 0), 32)
+    else:
+        kth = kth_largest(key, k, t, tl.max(key, 0), 32, PAIRS)
+        need = k - tl.sum((key > kth).to(tl.int32), 0)
+        ties = tl.sum((key == kth).to(tl.int32), 0)
     above = key > kth
     tie = key == kth
-    need = k - tl.sum(above.to(tl.int32), 0)
     cut = tl.full((), 0x7FFFFFFF, tl.int32)  # every tie
-    if tl.sum(tie.to(tl.int32), 0) > need:
+    if ties > need:
         cut = _nth_smallest(idx, tie, need, IDX_BITS)
     take = above | (tie & (idx <= cut))
     slot = tl.cumsum(take.to(tl.int32), 0) - 1
@@ -129,6 +191,7 @@ def select_candidates(
     BLOCK: tl.constexpr,
     K_BLOCK: tl.constexpr,
     PAIRS: tl.constexpr,
+    RADIX: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     start, end = window(starts_ptr, ends_ptr, row, L)
@@ -145,8 +208,10 @@ def select_candidates(
         idx_row = cand_idx_ptr + row * CAP
         # Half a tile when the candidates fit: the search's work is per lane, used or not.
         if n <= CAP // 2:
-            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS, PAIRS)
+            _select_tile(
+                key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS, PAIRS, RADIX
+            )
         elif n <= CAP:
-            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS)
+            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS, RADIX)
         else:
             radix_select_row(logits_ptr + row * row_stride, out_row, start, end, L, k, t, BLOCK)

@@ -7,9 +7,10 @@ exact selection runs over a few thousand candidates held in registers.
    most ``M >= 4k`` segments, so a window longer than M columns keeps more than M/2 >= 2k of
    them (and a short window in a long padded row keeps fine segments).
 2. ``_threshold`` (one program per row): T, the k-th largest segment maximum rounded down to
-   its top ``THRESHOLD_BITS`` bits, by a bitwise search over the maxima in registers. The
-   maxima are k distinct columns scoring >= T, so T is never above the row's k-th key: every
-   column of the result, ties at the k-th key included, scores >= T.
+   its top ``THRESHOLD_BITS`` bits, by a bitwise search over the maxima in registers (with
+   ``ThresholdTiles.radix_search``, 8 bits a round by histograms). The maxima are k distinct
+   columns scoring >= T, so T is never above the row's k-th key: every column of the result,
+   ties at the k-th key included, scores >= T.
 3. ``_compact`` (rows x chunks programs): the window's keys >= T, read only in segments whose
    maximum reaches T, appended to a per-row buffer of ``CAP`` slots (one atomic per tile,
    the next tile's loads issued before it). With ``ThresholdTiles.by_segment``, ``_threshold``
@@ -17,10 +18,10 @@ exact selection runs over a few thousand candidates held in registers.
    columns, as flat tiles of that list (on the H200, ``_compact`` at 64 x 131072 took 52 us a
    layer, 4x a full read of the rows: a scan and an atomic in each of 128 tiles a row).
 4. ``select_candidates`` (topk_select.py; one program per row): the exact k-th key among the
-   candidates by a bitwise search in registers; ties at it go by smallest index. A row with
-   more than ``CAP`` candidates (heavy ties, scores clustered in whole segments) takes an exact
-   slow path in the same program: 8-bit radix histograms over its window, then one ordered
-   sweep.
+   candidates by a search in registers (bit by bit, or by histograms as in 2); ties at it go
+   by smallest index. A row with more than ``CAP`` candidates (heavy ties, scores clustered in
+   whole segments) takes an exact slow path in the same program: 8-bit radix histograms over
+   its window, then one ordered sweep.
 
 With m segments and independent scores a row has about -m ln(1 - k/m) candidates (2357 for
 m = 8192, k = 2048; under 1.39k while m > 2k). Nothing waits on the host and allocations depend
@@ -40,7 +41,12 @@ import triton.language as tl
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.topk import _sortable_key, checked_args
 from hwrun.kernels.triton.topk import topk as radix_topk
-from hwrun.kernels.triton.topk_select import kth_largest, select_candidates, window
+from hwrun.kernels.triton.topk_select import (
+    kth_largest,
+    kth_largest_radix,
+    select_candidates,
+    window,
+)
 
 # k above this goes to the radix kernel: M >= 4k segment maxima and the candidate tile live in
 # registers of one program, 8192 keys (+ indices) at 8 warps being 32 (+ 32) registers a thread.
@@ -108,6 +114,7 @@ def _threshold(
     BITS: tl.constexpr,
     LIST: tl.constexpr,
     PAIRS: tl.constexpr,
+    RADIX: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     start, end = window(starts_ptr, ends_ptr, row, L)
@@ -120,7 +127,10 @@ def _threshold(
         seg_max = tl.load(max_ptr + row * M + seg).to(tl.uint32, bitcast=True)
         seg_max = tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max))
         lo = tl.zeros((), tl.uint32)
-        t = kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, PAIRS)
+        if RADIX:
+            t, _, _ = kth_largest_radix(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
+        else:
+            t = kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, PAIRS)
         tl.store(thresh_ptr + row, t.to(tl.int32, bitcast=True))
         if LIST:
             live = (seg < nseg) & (seg_max >= t)
@@ -273,6 +283,11 @@ class ThresholdTiles:
     # the reductions in _threshold and select_candidates. Not yet timed on a GPU (its first
     # H200 sweep hit a compile error the interpreter cannot see); in SWEEP_GRID.
     search_pairs: bool = False
+    # Search the k-th key 8 bits a round, by a 256-bin histogram of the keys still matching
+    # (kth_largest_radix): 2 rounds for T and at most 4 in select_candidates, against 16 and
+    # 32 reductions bit by bit. Not yet timed on a GPU; in SWEEP_GRID. threshold_bits must be
+    # a multiple of 8, and search_pairs off.
+    radix_search: bool = False
     num_warps: int = 8  # _segment_max, _compact
     select_warps: int = 8  # _threshold, select_candidates (one program per row)
     threshold_bits: int = 16  # top bits of T searched; fewer: a coarser (lower) T
@@ -297,6 +312,9 @@ SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
         {"compact_block": 4096, "chunks": 4},
         {"by_segment": False, "search_pairs": True},
         {"search_pairs": True},
+        {"radix_search": True},
+        {"radix_search": True, "select_warps": 4},
+        {"radix_search": True, "capacity": 4096},
         {"num_warps": 4},
         {"num_warps": 16},
         {"select_warps": 16},
@@ -317,6 +335,12 @@ def _run(
         raise ValueError(
             f"ThresholdTiles: search_pairs searches two bits a round; threshold_bits must be "
             f"even, got {tiles.threshold_bits}"
+        )
+    if tiles.radix_search and (tiles.search_pairs or tiles.threshold_bits % 8):
+        raise ValueError(
+            f"ThresholdTiles: radix_search searches 8 bits a round, alone; it needs "
+            f"threshold_bits a multiple of 8 and search_pairs off, got threshold_bits="
+            f"{tiles.threshold_bits}, search_pairs={tiles.search_pairs}"
         )
     R, L = logits.shape
     device = logits.device
@@ -358,7 +382,7 @@ def _run(
         nlive = torch.empty(R, dtype=torch.int32, device=device)
     _threshold[(R,)](
         *rows, seg_max, thresh, counts, live, nlive, L, k, M, levels, tiles.threshold_bits,
-        tiles.by_segment, tiles.search_pairs, num_warps=select_warps,
+        tiles.by_segment, tiles.search_pairs, tiles.radix_search, num_warps=select_warps,
     )  # fmt: skip
     if tiles.by_segment:
         _compact_live[(R, max(1, min(chunks, cdiv(width, block))))](
@@ -373,7 +397,7 @@ def _run(
     select_candidates[(R,)](
         logits, *rows, thresh, counts, cand[0], cand[1], out, stride, L, k,
         cap, max(1, (L - 1).bit_length()), block, min(pow2(k), 4096), tiles.search_pairs,
-        num_warps=select_warps,
+        tiles.radix_search, num_warps=select_warps,
     )  # fmt: skip
     return out, counts
 
