@@ -285,8 +285,10 @@ class ThresholdTiles:
     search_pairs: bool = False
     # Search the k-th key 8 bits a round, by a 256-bin histogram of the keys still matching
     # (kth_largest_radix): 2 rounds for T and at most 4 in select_candidates, against 16 and
-    # 32 reductions bit by bit. Not yet timed on a GPU; in SWEEP_GRID. threshold_bits must be
-    # a multiple of 8, and search_pairs off.
+    # 32 reductions bit by bit. Slower on the H200 (Triton 3.6, 2026-12-03): 64 x 32768 43.0
+    # us against 31.0, 64 x 131072 64.6 against 48.7 (3.6's 256-bin histogram is ~100
+    # instructions a key a round); kept in SWEEP_GRID for other Triton versions.
+    # threshold_bits must be a multiple of 8, and search_pairs off.
     radix_search: bool = False
     num_warps: int = 8  # _segment_max, _compact
     select_warps: int = 8  # _threshold, select_candidates (one program per row)
