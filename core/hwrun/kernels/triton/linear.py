@@ -133,8 +133,9 @@ DECODE_GRID = (
     # to write and sum), a deep pipeline per program (not yet timed)
     LinearTiles(64, 32, 128, num_warps=4, num_stages=6),
     LinearTiles(64, 64, 128, num_warps=4, num_stages=5),
-    # dense.linear_a8w8 through tensor descriptors (the sweep skips them for dense.linear),
-    # deeper pipelines than the pointer loads afford (registers hold no addresses), not yet timed
+    # dense.linear_a8w8 through tensor descriptors (the sweep skips them for dense.linear).
+    # H200, 64 rows (2026-12-03): the first, 4 stages, won on all three engine projections
+    # (now the default, TMA_ROWS); deeper pipelines and wider or narrower tiles lost.
     LinearTiles(64, 64, 128, num_warps=4, num_stages=4, tma=True),
     LinearTiles(64, 64, 128, num_warps=4, num_stages=6, tma=True),
     LinearTiles(64, 128, 128, num_warps=4, num_stages=4, tma=True),
