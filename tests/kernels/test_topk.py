@@ -33,6 +33,10 @@ PAIRS = ThresholdTiles(segments=32, capacity=128, block=256, compact_block=64, s
 RADIX = ThresholdTiles(
     segments=32, capacity=128, block=256, compact_block=64, chunks=3, radix_search=True
 )
+# Early exit of the bitwise search, alone and with passes 2 to 4 in one program per row.
+EARLY = replace(BY_SEGMENT, early_exit=True)
+ONE_PROGRAM = ThresholdTiles(segments=32, capacity=128, block=64, one_program=True)
+ONE_PROGRAM_EARLY = replace(ONE_PROGRAM, early_exit=True)
 I32 = torch.int32
 
 
@@ -62,8 +66,8 @@ def _edge_rows(seed, length=1500):
 
 @pytest.mark.parametrize(
     "tiles",
-    [SMALL, TINY_CAPACITY, BY_SEGMENT, PAIRS, RADIX],
-    ids=["small", "tiny_capacity", "by_segment", "pairs", "radix"],
+    [SMALL, TINY_CAPACITY, BY_SEGMENT, PAIRS, RADIX, EARLY, ONE_PROGRAM, ONE_PROGRAM_EARLY],
+    ids=["small", "tiny_capacity", "by_segment", "pairs", "radix", "early", "one", "one_early"],
 )
 @pytest.mark.parametrize("seed", [0, 1])
 def test_threshold_matches_reference_sets(seed, tiles):
@@ -95,7 +99,9 @@ def test_compacting_by_segment_finds_the_same_candidates():
 
 
 @pytest.mark.parametrize(
-    "tiles", [SMALL, BY_SEGMENT, PAIRS, RADIX], ids=["small", "by_segment", "pairs", "radix"]
+    "tiles",
+    [SMALL, BY_SEGMENT, PAIRS, RADIX, ONE_PROGRAM_EARLY],
+    ids=["small", "by_segment", "pairs", "radix", "one_early"],
 )
 def test_threshold_overflow_rows_take_the_exact_slow_path(tiles):
     # Sorted, all-equal and three-valued rows put whole segments (or the whole window) over T.
@@ -109,6 +115,28 @@ def test_threshold_overflow_rows_take_the_exact_slow_path(tiles):
     counts = candidate_counts(logits, starts, ends, 16, tiles)
     assert (counts[:3] > tiles.capacity).all() and counts[3] <= tiles.capacity, counts
     _assert_sets(topk(logits, starts, ends, 16, tiles), reference(logits, starts, ends, 16))
+
+
+def test_one_program_finds_the_same_candidates():
+    """Passes 2 to 4 in one program count the multi-launch passes' candidates (same T, same
+    live columns), with and without the early exit (which may lower T: its own pair)."""
+    rows = _edge_rows(3)
+    torch.testing.assert_close(
+        candidate_counts(*rows, 16, ONE_PROGRAM),
+        candidate_counts(*rows, 16, replace(ONE_PROGRAM, one_program=False)),
+    )
+    torch.testing.assert_close(
+        candidate_counts(*rows, 16, ONE_PROGRAM_EARLY),
+        candidate_counts(*rows, 16, replace(ONE_PROGRAM_EARLY, one_program=False)),
+    )
+
+
+def test_early_exit_refuses_the_other_searches():
+    rows = _edge_rows(0)
+    with pytest.raises(ValueError, match="search_pairs=True, radix_search=False"):
+        topk(*rows, 16, replace(EARLY, search_pairs=True))
+    with pytest.raises(ValueError, match="search_pairs=False, radix_search=True"):
+        topk(*rows, 16, replace(EARLY, radix_search=True))
 
 
 @pytest.mark.parametrize("bits", [12, 16])
@@ -136,7 +164,16 @@ def test_radix_search_finds_the_same_threshold():
         topk(*rows, 16, replace(RADIX, search_pairs=True))
 
 
-def test_radix_search_on_fresh_rows():
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        ThresholdTiles(segments=1024, capacity=1024, block=1024, compact_block=256, **flags)
+        for flags in ({"radix_search": True}, {"early_exit": True}, {"one_program": True},
+                      {"one_program": True, "early_exit": True})
+    ],
+    ids=["radix", "early", "one", "one_early"],
+)  # fmt: skip
+def test_fresh_rows(tiles):
     """Longer rows than the edge rows, in windows that start and end off every tile: scores of
     both signs, negative only, crowded in one top byte (T and the largest candidate share it,
     so select_candidates copies that round), and ties at the k-th score that the index cuts."""
@@ -148,9 +185,6 @@ def test_radix_search_on_fresh_rows():
     logits[3] = torch.round(logits[3] * 4)
     starts = torch.tensor([3, 0, 1001, 17], dtype=I32)
     ends = torch.tensor([8190, 8192, 7777, 6000], dtype=I32)
-    tiles = ThresholdTiles(
-        segments=1024, capacity=1024, block=1024, compact_block=256, radix_search=True
-    )
     counts = candidate_counts(logits, starts, ends, 256, tiles)
     assert (counts <= tiles.capacity // 2).all(), counts  # the half tile, in every row
     _assert_sets(topk(logits, starts, ends, 256, tiles), reference(logits, starts, ends, 256))
@@ -282,7 +316,9 @@ def test_radix_short_and_empty_rows_pad_with_minus_one():
     assert sorted(got[2].tolist()[:14]) == list(range(14)) and got[2, 14:].eq(-1).all()
 
 
-@pytest.mark.parametrize("impl", ["threshold", "threshold_radix_search", "radix"])
+@pytest.mark.parametrize(
+    "impl", ["threshold", "threshold_radix_search", "threshold_one_program_early", "radix"]
+)
 def test_equal_scores_take_smallest_indices(impl):
     logits = torch.zeros(1, 1000)
     logits[0, 900:] = 5.0  # 100 clear winners, then 900 ties at 0 for the rest
@@ -290,6 +326,7 @@ def test_equal_scores_take_smallest_indices(impl):
     run = {
         "threshold": lambda *args: topk(*args, SMALL),
         "threshold_radix_search": lambda *args: topk(*args, RADIX),
+        "threshold_one_program_early": lambda *args: topk(*args, ONE_PROGRAM_EARLY),
         "radix": radix_topk,
     }[impl]
     got = run(logits, starts, ends, 128)

@@ -64,6 +64,32 @@ def kth_largest(keys, k, lo, hi, BITS: tl.constexpr, PAIRS: tl.constexpr):
 
 
 @triton.jit
+def kth_largest_until_exact(keys, k, lo, hi, BITS: tl.constexpr):
+    """kth_largest's bitwise search (one bit a round) that stops at the first v with exactly
+    k keys >= v: those k keys are then the top k whatever v's lower bits are, so the rounds
+    that would only narrow v between the k-th and the (k+1)-th key are skipped (about half of
+    them over a few thousand distinct candidates). Returns (v, exact): without ``exact`` v is
+    kth_largest's (all BITS searched, or the bits copied from lo where lo and hi agree)."""
+    diff = lo ^ hi
+    one = tl.full((), 1, tl.uint32)
+    v = tl.zeros((), tl.uint32)
+    first = tl.zeros((), tl.int32)  # the leading bits lo and hi share, copied from lo
+    for i in tl.static_range(BITS):
+        same = (diff >> (31 - i)) == 0
+        v = tl.where(same, v | (lo & (one << (31 - i))), v)
+        first = tl.where(same, i + 1, first)
+    count = tl.full((), -1, tl.int32)  # the keys >= v, known once a trial is taken
+    i = first
+    while (i < BITS) & (count != k):
+        trial = v | (one << (31 - i).to(tl.uint32))
+        c = tl.sum((keys >= trial).to(tl.int32), 0)
+        v = tl.where(c >= k, trial, v)
+        count = tl.where(c >= k, c, count)
+        i += 1
+    return v, count == k
+
+
+@triton.jit
 def _add3(a0, b0, c0, a1, b1, c1):
     return a0 + a1, b0 + b1, c0 + c1
 
@@ -147,6 +173,7 @@ def _select_tile(
     IDX_BITS: tl.constexpr,
     PAIRS: tl.constexpr,
     RADIX: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
     """The k best of n <= TILE candidates, all in registers."""
     lane = tl.arange(0, TILE)
@@ -159,6 +186,14 @@ def _select_tile(
     if RADIX:
         # The last histogram's counts stand in for two more reductions.
         kth, need, ties = kth_largest_radix(key, k, t, tl.max(key, 0), 32)
+    elif EARLY:
+        kth, exact = kth_largest_until_exact(key, k, t, tl.max(key, 0), 32)
+        # exact: the keys >= kth are the k best; every tie at kth is taken (need == ties)
+        need = tl.zeros((), tl.int32)
+        ties = tl.zeros((), tl.int32)
+        if exact == 0:
+            need = k - tl.sum((key > kth).to(tl.int32), 0)
+            ties = tl.sum((key == kth).to(tl.int32), 0)
     else:
         kth = kth_largest(key, k, t, tl.max(key, 0), 32, PAIRS)
         need = k - tl.sum((key > kth).to(tl.int32), 0)
@@ -171,6 +206,47 @@ def _select_tile(
     take = above | (tie & (idx <= cut))
     slot = tl.cumsum(take.to(tl.int32), 0) - 1
     tl.store(out_row + slot, idx - start, mask=take)
+
+
+@triton.jit
+def short_row(out_row, start, end, k, K_BLOCK: tl.constexpr):
+    """A window of at most k columns: every position, in order, then -1 padding (the
+    reference's rule)."""
+    for o in range(0, k, K_BLOCK):
+        ko = o + tl.arange(0, K_BLOCK)
+        tl.store(out_row + ko, tl.where(ko < end - start, ko, -1), mask=ko < k)
+
+
+@triton.jit
+def select_buffered(
+    row_ptr,
+    out_row,
+    key_row,
+    idx_row,
+    n,
+    t,
+    start,
+    end,
+    L,
+    k,
+    CAP: tl.constexpr,
+    IDX_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PAIRS: tl.constexpr,
+    RADIX: tl.constexpr,
+    EARLY: tl.constexpr,
+):
+    """A row's k best from its n candidates (keys >= t) buffered at key_row / idx_row, or, when
+    n overflowed the CAP slots, from the radix kernel's exact per-row path."""
+    # Half a tile when the candidates fit: the search's work is per lane, used or not.
+    if n <= CAP // 2:
+        _select_tile(
+            key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS, PAIRS, RADIX, EARLY
+        )
+    elif n <= CAP:
+        _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS, RADIX, EARLY)
+    else:
+        radix_select_row(row_ptr, out_row, start, end, L, k, t, BLOCK)
 
 
 @triton.jit
@@ -192,26 +268,20 @@ def select_candidates(
     K_BLOCK: tl.constexpr,
     PAIRS: tl.constexpr,
     RADIX: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     start, end = window(starts_ptr, ends_ptr, row, L)
     out_row = out_ptr + row * k
     if end - start <= k:
-        # Short row: every position, in order, then -1 padding (the reference's rule).
-        for o in range(0, k, K_BLOCK):
-            ko = o + tl.arange(0, K_BLOCK)
-            tl.store(out_row + ko, tl.where(ko < end - start, ko, -1), mask=ko < k)
+        short_row(out_row, start, end, k, K_BLOCK)
     else:
-        n = tl.load(count_ptr + row)
-        t = tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True)
-        key_row = cand_key_ptr + row * CAP
-        idx_row = cand_idx_ptr + row * CAP
-        # Half a tile when the candidates fit: the search's work is per lane, used or not.
-        if n <= CAP // 2:
-            _select_tile(
-                key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS, PAIRS, RADIX
-            )
-        elif n <= CAP:
-            _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS, RADIX)
-        else:
-            radix_select_row(logits_ptr + row * row_stride, out_row, start, end, L, k, t, BLOCK)
+        select_buffered(
+            logits_ptr + row * row_stride,
+            out_row,
+            cand_key_ptr + row * CAP,
+            cand_idx_ptr + row * CAP,
+            tl.load(count_ptr + row),
+            tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True),
+            start, end, L, k, CAP, IDX_BITS, BLOCK, PAIRS, RADIX, EARLY,
+        )  # fmt: skip

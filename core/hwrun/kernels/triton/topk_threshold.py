@@ -44,7 +44,10 @@ from hwrun.kernels.triton.topk import topk as radix_topk
 from hwrun.kernels.triton.topk_select import (
     kth_largest,
     kth_largest_radix,
+    kth_largest_until_exact,
+    select_buffered,
     select_candidates,
+    short_row,
     window,
 )
 
@@ -99,6 +102,37 @@ def _segment_max(
 
 
 @triton.jit
+def _row_threshold(
+    max_ptr, live_ptr, row, start, end, k,
+    M: tl.constexpr, LEVELS: tl.constexpr, BITS: tl.constexpr, LIST: tl.constexpr,
+    PAIRS: tl.constexpr, RADIX: tl.constexpr, EARLY: tl.constexpr,
+):  # fmt: skip
+    """T of a row longer than k (module doc, pass 2); with LIST its live segments, in order,
+    written to live_ptr's row. Returns (T, how many segments are live)."""
+    level = _row_level(start, end, M, LEVELS)
+    nseg = ((end - 1) >> level) - (start >> level) + 1
+    seg = tl.arange(0, M)
+    # The whole [M] row is allocated: an unmasked (vector) load, unwritten entries zeroed.
+    seg_max = tl.load(max_ptr + row * M + seg).to(tl.uint32, bitcast=True)
+    seg_max = tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max))
+    lo = tl.zeros((), tl.uint32)
+    if RADIX:
+        t, _, _ = kth_largest_radix(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
+    elif EARLY:
+        # Exactly k maxima >= t: k distinct columns score >= t, all T needs.
+        t, _ = kth_largest_until_exact(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
+    else:
+        t = kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, PAIRS)
+    nlive = tl.zeros((), tl.int32)
+    if LIST:
+        live = (seg < nseg) & (seg_max >= t)
+        pos = tl.cumsum(live.to(tl.int32), 0) - 1
+        tl.store(live_ptr + row * M + pos, seg, mask=live)
+        nlive = tl.sum(live.to(tl.int32), 0)
+    return t, nlive
+
+
+@triton.jit
 def _threshold(
     starts_ptr,  # [R] int32
     ends_ptr,  # [R] int32
@@ -115,28 +149,86 @@ def _threshold(
     LIST: tl.constexpr,
     PAIRS: tl.constexpr,
     RADIX: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     start, end = window(starts_ptr, ends_ptr, row, L)
     tl.store(count_ptr + row, 0)
     if end - start > k:
-        level = _row_level(start, end, M, LEVELS)
-        nseg = ((end - 1) >> level) - (start >> level) + 1
-        seg = tl.arange(0, M)
-        # The whole [M] row is allocated: an unmasked (vector) load, unwritten entries zeroed.
-        seg_max = tl.load(max_ptr + row * M + seg).to(tl.uint32, bitcast=True)
-        seg_max = tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max))
-        lo = tl.zeros((), tl.uint32)
-        if RADIX:
-            t, _, _ = kth_largest_radix(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
-        else:
-            t = kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, PAIRS)
+        t, nlive = _row_threshold(
+            max_ptr, live_ptr, row, start, end, k, M, LEVELS, BITS, LIST, PAIRS, RADIX, EARLY
+        )
         tl.store(thresh_ptr + row, t.to(tl.int32, bitcast=True))
         if LIST:
-            live = (seg < nseg) & (seg_max >= t)
-            pos = tl.cumsum(live.to(tl.int32), 0) - 1
-            tl.store(live_ptr + row * M + pos, seg, mask=live)
-            tl.store(nlive_ptr + row, tl.sum(live.to(tl.int32), 0))
+            tl.store(nlive_ptr + row, nlive)
+
+
+@triton.jit
+def _threshold_and_select(
+    logits_ptr,  # [R, L] float32
+    starts_ptr,  # [R] int32
+    ends_ptr,  # [R] int32
+    max_ptr,  # [R, M] int32: _segment_max's
+    live_ptr,  # [R, M] int32: scratch, the live segments
+    cand_key_ptr,  # [R, CAP] int32: scratch
+    cand_idx_ptr,  # [R, CAP] int32: scratch
+    count_ptr,  # [R] int32: the row's candidates (for candidate_counts)
+    out_ptr,  # [R, k] int32
+    row_stride,
+    L,
+    k,
+    M: tl.constexpr,
+    LEVELS: tl.constexpr,
+    BITS: tl.constexpr,
+    CAP: tl.constexpr,
+    IDX_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,  # columns per tile of the slow path
+    SCAN: tl.constexpr,  # live columns per tile of the candidate scan
+    K_BLOCK: tl.constexpr,
+    PAIRS: tl.constexpr,
+    RADIX: tl.constexpr,
+    EARLY: tl.constexpr,
+):
+    """Passes 2 to 4 in one program per row (``ThresholdTiles.one_program``): T and the live
+    segments, the candidates of their columns (no atomics: one program scans them in order),
+    the selection. Barriers between the passes make one pass's stores to scratch visible to
+    every thread of the next (a CTA barrier orders its threads' global memory accesses)."""
+    row = tl.program_id(0).to(tl.int64)
+    start, end = window(starts_ptr, ends_ptr, row, L)
+    out_row = out_ptr + row * k
+    n = tl.zeros((), tl.int32)
+    if end - start <= k:
+        short_row(out_row, start, end, k, K_BLOCK)
+    else:
+        t, nlive = _row_threshold(
+            max_ptr, live_ptr, row, start, end, k, M, LEVELS, BITS, True, PAIRS, RADIX, EARLY
+        )
+        tl.debug_barrier()
+        level = _row_level(start, end, M, LEVELS)
+        first = (start >> level) << level  # segment 0's first column
+        within = (1 << level) - 1
+        total = nlive << level
+        row_ptr = logits_ptr + row * row_stride
+        key_row = cand_key_ptr + row * CAP
+        idx_row = cand_idx_ptr + row * CAP
+        for lo in range(0, total, SCAN):
+            q = lo + tl.arange(0, SCAN)
+            seg = tl.load(live_ptr + row * M + (q >> level), mask=q < total, other=0)
+            col = first + (seg << level) + (q & within)
+            inside = (q < total) & (col >= start) & (col < end)
+            key = _sortable_key(tl.load(row_ptr + col, mask=inside, other=0.0))
+            cand = inside & (key >= t)
+            slot = n + tl.cumsum(cand.to(tl.int32), 0) - 1
+            keep = cand & (slot < CAP)
+            tl.store(key_row + slot, key.to(tl.int32, bitcast=True), keep)
+            tl.store(idx_row + slot, col, keep)
+            n += tl.sum(cand.to(tl.int32), 0)
+        tl.debug_barrier()
+        select_buffered(
+            row_ptr, out_row, key_row, idx_row, n, t, start, end, L, k, CAP, IDX_BITS, BLOCK,
+            PAIRS, RADIX, EARLY,
+        )  # fmt: skip
+    tl.store(count_ptr + row, n)
 
 
 @triton.jit
@@ -290,6 +382,14 @@ class ThresholdTiles:
     # instructions a key a round); kept in SWEEP_GRID for other Triton versions.
     # threshold_bits must be a multiple of 8, and search_pairs off.
     radix_search: bool = False
+    # Stop the bitwise search at the first v with exactly k keys >= v (kth_largest_until_exact):
+    # then the keys >= v are the k best, and the rounds that would narrow v down to the k-th
+    # key are skipped. With search_pairs and radix_search off.
+    early_exit: bool = False
+    # Passes 2 to 4 in one program per row (_threshold_and_select): two launches and the
+    # compaction's atomics fewer, its scan of the live columns serial in the row's program
+    # (``block`` columns a tile).
+    one_program: bool = False
     num_warps: int = 8  # _segment_max, _compact
     select_warps: int = 8  # _threshold, select_candidates (one program per row)
     threshold_bits: int = 16  # top bits of T searched; fewer: a coarser (lower) T
@@ -302,6 +402,15 @@ class ThresholdTiles:
 SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
     replace(ThresholdTiles(), **change)
     for change in (
+        # newest first (a sweep's time budget may cut the tail)
+        {"early_exit": True},
+        {"one_program": True},
+        {"one_program": True, "early_exit": True},
+        {"one_program": True, "early_exit": True, "threshold_bits": 12},
+        {"one_program": True, "early_exit": True, "select_warps": 4},
+        {"one_program": True, "early_exit": True, "select_warps": 16},
+        {"one_program": True, "early_exit": True, "block": 2048},
+        {"one_program": True, "early_exit": True, "capacity": 4096},
         {"segments": 16384},
         {"segments": 32768, "select_warps": 16},
         {"capacity": 4096},
@@ -344,6 +453,12 @@ def _run(
             f"threshold_bits a multiple of 8 and search_pairs off, got threshold_bits="
             f"{tiles.threshold_bits}, search_pairs={tiles.search_pairs}"
         )
+    if tiles.early_exit and (tiles.search_pairs or tiles.radix_search):
+        raise ValueError(
+            "ThresholdTiles: early_exit is a one-bit-a-round search; it needs search_pairs and "
+            f"radix_search off, got search_pairs={tiles.search_pairs}, "
+            f"radix_search={tiles.radix_search}"
+        )
     R, L = logits.shape
     device = logits.device
     out = torch.empty((R, k), dtype=torch.int32, device=device)
@@ -377,6 +492,17 @@ def _run(
     _segment_max[(R, cdiv(width, seg_block))](
         logits, *rows, seg_max, stride, L, k, M, levels, seg_block, num_warps=warps
     )
+    search = (tiles.search_pairs, tiles.radix_search, tiles.early_exit)
+    idx_bits = max(1, (L - 1).bit_length())
+    k_block = min(pow2(k), 4096)
+    if tiles.one_program:
+        live = torch.empty((R, M), dtype=torch.int32, device=device)
+        _threshold_and_select[(R,)](
+            logits, *rows, seg_max, live, cand[0], cand[1], counts, out, stride, L, k, M,
+            levels, tiles.threshold_bits, cap, idx_bits, block, seg_block, k_block, *search,
+            num_warps=select_warps,
+        )  # fmt: skip
+        return out, counts
     # With by_segment, the live segments' list and count (else unused: seg_max stands in).
     live, nlive = seg_max, thresh
     if tiles.by_segment:
@@ -384,7 +510,7 @@ def _run(
         nlive = torch.empty(R, dtype=torch.int32, device=device)
     _threshold[(R,)](
         *rows, seg_max, thresh, counts, live, nlive, L, k, M, levels, tiles.threshold_bits,
-        tiles.by_segment, tiles.search_pairs, tiles.radix_search, num_warps=select_warps,
+        tiles.by_segment, *search, num_warps=select_warps,
     )  # fmt: skip
     if tiles.by_segment:
         _compact_live[(R, max(1, min(chunks, cdiv(width, block))))](
@@ -398,8 +524,7 @@ def _run(
         )  # fmt: skip
     select_candidates[(R,)](
         logits, *rows, thresh, counts, cand[0], cand[1], out, stride, L, k,
-        cap, max(1, (L - 1).bit_length()), block, min(pow2(k), 4096), tiles.search_pairs,
-        tiles.radix_search, num_warps=select_warps,
+        cap, idx_bits, block, k_block, *search, num_warps=select_warps,
     )  # fmt: skip
     return out, counts
 
