@@ -153,14 +153,6 @@ SELECT_DECODE = {
     "RADIX": False,
     "EARLY": False,
 }
-# passes 2 to 4 in one program per row (ThresholdTiles.one_program)
-FUSED = ("max_ptr", "live_ptr", "cand_key_ptr", "cand_idx_ptr", "count_ptr", "out_ptr")
-FUSED_ARGS = {"logits_ptr": "*fp32", **ROWS, **dict.fromkeys(FUSED, "*i32"), **SCALARS}
-FUSED_DECODE = {
-    **{name: THRESHOLD_DECODE[name] for name in ("M", "LEVELS", "BITS")},
-    **SELECT_DECODE,
-    "SCAN": 4096,
-}
 # kernel -> (signature, constexprs)
 VARIANTS = {
     "threshold_one_bit": (THRESHOLD_ARGS, {**THRESHOLD_DECODE, "PAIRS": False}),
@@ -172,8 +164,6 @@ VARIANTS = {
     # the bitwise search that stops at exactly k keys: a while loop over a reduction
     "threshold_early": (THRESHOLD_ARGS, {**THRESHOLD_DECODE, "EARLY": True}),
     "select_early": (SELECT_ARGS, {**SELECT_DECODE, "EARLY": True}),
-    "fused_one_bit": (FUSED_ARGS, FUSED_DECODE),
-    "fused_early": (FUSED_ARGS, {**FUSED_DECODE, "EARLY": True}),
     "compact_live": (
         {"logits_ptr": "*fp32", **ROWS, **dict.fromkeys(COMPACT, "*i32"), **SCALARS},
         {"M": 8192, "LEVELS": 5, "CAP": 8192, "BLOCK": 1024},
@@ -228,8 +218,6 @@ NUM_WARPS = {
     "select_radix": 8,
     "threshold_early": 8,
     "select_early": 8,
-    "fused_one_bit": 8,
-    "fused_early": 8,
     "mla_whole_rows": 8,
     "mla_bf16_position": 8,
     "mla_whole_rows_bf16_position": 8,
@@ -251,17 +239,12 @@ def _compile(variant: str) -> int:
     from hwrun.kernels.triton.moe_kernels import _down_kernel, _gate_up_kernel
     from hwrun.kernels.triton.sparse_mla import _sparse_mla_decode_kernel
     from hwrun.kernels.triton.topk_select import select_candidates
-    from hwrun.kernels.triton.topk_threshold import (
-        _compact_live,
-        _threshold,
-        _threshold_and_select,
-    )
+    from hwrun.kernels.triton.topk_threshold import _compact_live, _threshold
     from hwrun.kernels.triton.window_fill import _fill_outside
 
     kernel = {
         "threshold": _threshold,
         "select": select_candidates,
-        "fused": _threshold_and_select,
         "compact": _compact_live,
         "fill": _fill_outside,
         "paged": _paged_logits_kernel,

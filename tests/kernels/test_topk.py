@@ -33,10 +33,8 @@ PAIRS = ThresholdTiles(segments=32, capacity=128, block=256, compact_block=64, s
 RADIX = ThresholdTiles(
     segments=32, capacity=128, block=256, compact_block=64, chunks=3, radix_search=True
 )
-# Early exit of the bitwise search, alone and with passes 2 to 4 in one program per row.
-EARLY = replace(BY_SEGMENT, early_exit=True)
-ONE_PROGRAM = ThresholdTiles(segments=32, capacity=128, block=64, one_program=True)
-ONE_PROGRAM_EARLY = replace(ONE_PROGRAM, early_exit=True)
+# The bitwise search to the end (the default stops at exactly k keys: early_exit).
+FULL_SEARCH = replace(BY_SEGMENT, early_exit=False)
 I32 = torch.int32
 
 
@@ -66,8 +64,8 @@ def _edge_rows(seed, length=1500):
 
 @pytest.mark.parametrize(
     "tiles",
-    [SMALL, TINY_CAPACITY, BY_SEGMENT, PAIRS, RADIX, EARLY, ONE_PROGRAM, ONE_PROGRAM_EARLY],
-    ids=["small", "tiny_capacity", "by_segment", "pairs", "radix", "early", "one", "one_early"],
+    [SMALL, TINY_CAPACITY, BY_SEGMENT, PAIRS, RADIX, FULL_SEARCH],
+    ids=["small", "tiny_capacity", "by_segment", "pairs", "radix", "full_search"],
 )
 @pytest.mark.parametrize("seed", [0, 1])
 def test_threshold_matches_reference_sets(seed, tiles):
@@ -100,8 +98,8 @@ def test_compacting_by_segment_finds_the_same_candidates():
 
 @pytest.mark.parametrize(
     "tiles",
-    [SMALL, BY_SEGMENT, PAIRS, RADIX, ONE_PROGRAM_EARLY],
-    ids=["small", "by_segment", "pairs", "radix", "one_early"],
+    [SMALL, BY_SEGMENT, PAIRS, RADIX, FULL_SEARCH],
+    ids=["small", "by_segment", "pairs", "radix", "full_search"],
 )
 def test_threshold_overflow_rows_take_the_exact_slow_path(tiles):
     # Sorted, all-equal and three-valued rows put whole segments (or the whole window) over T.
@@ -117,34 +115,21 @@ def test_threshold_overflow_rows_take_the_exact_slow_path(tiles):
     _assert_sets(topk(logits, starts, ends, 16, tiles), reference(logits, starts, ends, 16))
 
 
-def test_one_program_finds_the_same_candidates():
-    """Passes 2 to 4 in one program count the multi-launch passes' candidates (same T, same
-    live columns), with and without the early exit (which may lower T: its own pair)."""
+def test_early_exit_keeps_a_valid_threshold():
+    """The search that stops at exactly k maxima may leave T lower (never higher: more
+    candidates, never fewer) than the search to the end, and both select the same sets."""
     rows = _edge_rows(3)
-    torch.testing.assert_close(
-        candidate_counts(*rows, 16, ONE_PROGRAM),
-        candidate_counts(*rows, 16, replace(ONE_PROGRAM, one_program=False)),
-    )
-    torch.testing.assert_close(
-        candidate_counts(*rows, 16, ONE_PROGRAM_EARLY),
-        candidate_counts(*rows, 16, replace(ONE_PROGRAM_EARLY, one_program=False)),
-    )
-
-
-def test_early_exit_refuses_the_other_searches():
-    rows = _edge_rows(0)
-    with pytest.raises(ValueError, match="search_pairs=True, radix_search=False"):
-        topk(*rows, 16, replace(EARLY, search_pairs=True))
-    with pytest.raises(ValueError, match="search_pairs=False, radix_search=True"):
-        topk(*rows, 16, replace(EARLY, radix_search=True))
+    early, full = (candidate_counts(*rows, 16, t) for t in (BY_SEGMENT, FULL_SEARCH))
+    assert (early >= full).all(), (early, full)
+    _assert_sets(topk(*rows, 16, BY_SEGMENT), topk(*rows, 16, FULL_SEARCH))
 
 
 @pytest.mark.parametrize("bits", [12, 16])
 def test_two_bits_a_round_find_the_same_threshold(bits):
-    """search_pairs finds the same T (so the same candidate count) as the one-bit search, at
-    any even threshold_bits, and refuses an odd one."""
+    """search_pairs finds the same T (so the same candidate count) as the one-bit search to the
+    end, at any even threshold_bits, and refuses an odd one."""
     rows = _edge_rows(2)
-    one = candidate_counts(*rows, 16, replace(SMALL, threshold_bits=bits))
+    one = candidate_counts(*rows, 16, replace(SMALL, threshold_bits=bits, early_exit=False))
     two = candidate_counts(*rows, 16, replace(PAIRS, threshold_bits=bits))
     torch.testing.assert_close(two, one)
     with pytest.raises(ValueError, match="threshold_bits must be even, got 13"):
@@ -156,7 +141,7 @@ def test_radix_search_finds_the_same_threshold():
     threshold_bits that are not whole bytes and the two-bit search (other whole bytes: the
     direct test of kth_largest_radix below)."""
     rows = _edge_rows(2)
-    one = candidate_counts(*rows, 16, SMALL)
+    one = candidate_counts(*rows, 16, replace(SMALL, early_exit=False))
     torch.testing.assert_close(candidate_counts(*rows, 16, RADIX), one)
     with pytest.raises(ValueError, match="threshold_bits=12, search_pairs=False"):
         topk(*rows, 16, replace(RADIX, threshold_bits=12))
@@ -168,10 +153,9 @@ def test_radix_search_finds_the_same_threshold():
     "tiles",
     [
         ThresholdTiles(segments=1024, capacity=1024, block=1024, compact_block=256, **flags)
-        for flags in ({"radix_search": True}, {"early_exit": True}, {"one_program": True},
-                      {"one_program": True, "early_exit": True})
+        for flags in ({"radix_search": True}, {"early_exit": True}, {"early_exit": False})
     ],
-    ids=["radix", "early", "one", "one_early"],
+    ids=["radix", "early_exit", "full_search"],
 )  # fmt: skip
 def test_fresh_rows(tiles):
     """Longer rows than the edge rows, in windows that start and end off every tile: scores of
@@ -317,7 +301,7 @@ def test_radix_short_and_empty_rows_pad_with_minus_one():
 
 
 @pytest.mark.parametrize(
-    "impl", ["threshold", "threshold_radix_search", "threshold_one_program_early", "radix"]
+    "impl", ["threshold", "threshold_radix_search", "threshold_full_search", "radix"]
 )
 def test_equal_scores_take_smallest_indices(impl):
     logits = torch.zeros(1, 1000)
@@ -326,7 +310,7 @@ def test_equal_scores_take_smallest_indices(impl):
     run = {
         "threshold": lambda *args: topk(*args, SMALL),
         "threshold_radix_search": lambda *args: topk(*args, RADIX),
-        "threshold_one_program_early": lambda *args: topk(*args, ONE_PROGRAM_EARLY),
+        "threshold_full_search": lambda *args: topk(*args, FULL_SEARCH),
         "radix": radix_topk,
     }[impl]
     got = run(logits, starts, ends, 128)

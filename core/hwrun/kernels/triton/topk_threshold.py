@@ -7,7 +7,8 @@ exact selection runs over a few thousand candidates held in registers.
    most ``M >= 4k`` segments, so a window longer than M columns keeps more than M/2 >= 2k of
    them (and a short window in a long padded row keeps fine segments).
 2. ``_threshold`` (one program per row): T, the k-th largest segment maximum rounded down to
-   its top ``THRESHOLD_BITS`` bits, by a bitwise search over the maxima in registers (with
+   its top ``THRESHOLD_BITS`` bits, by a bitwise search over the maxima in registers that stops
+   at the first value with exactly k maxima at or above it (``ThresholdTiles.early_exit``; with
    ``ThresholdTiles.radix_search``, 8 bits a round by histograms). The maxima are k distinct
    columns scoring >= T, so T is never above the row's k-th key: every column of the result,
    ties at the k-th key included, scores >= T.
@@ -45,9 +46,7 @@ from hwrun.kernels.triton.topk_select import (
     kth_largest,
     kth_largest_radix,
     kth_largest_until_exact,
-    select_buffered,
     select_candidates,
-    short_row,
     window,
 )
 
@@ -161,74 +160,6 @@ def _threshold(
         tl.store(thresh_ptr + row, t.to(tl.int32, bitcast=True))
         if LIST:
             tl.store(nlive_ptr + row, nlive)
-
-
-@triton.jit
-def _threshold_and_select(
-    logits_ptr,  # [R, L] float32
-    starts_ptr,  # [R] int32
-    ends_ptr,  # [R] int32
-    max_ptr,  # [R, M] int32: _segment_max's
-    live_ptr,  # [R, M] int32: scratch, the live segments
-    cand_key_ptr,  # [R, CAP] int32: scratch
-    cand_idx_ptr,  # [R, CAP] int32: scratch
-    count_ptr,  # [R] int32: the row's candidates (for candidate_counts)
-    out_ptr,  # [R, k] int32
-    row_stride,
-    L,
-    k,
-    M: tl.constexpr,
-    LEVELS: tl.constexpr,
-    BITS: tl.constexpr,
-    CAP: tl.constexpr,
-    IDX_BITS: tl.constexpr,
-    BLOCK: tl.constexpr,  # columns per tile of the slow path
-    SCAN: tl.constexpr,  # live columns per tile of the candidate scan
-    K_BLOCK: tl.constexpr,
-    PAIRS: tl.constexpr,
-    RADIX: tl.constexpr,
-    EARLY: tl.constexpr,
-):
-    """Passes 2 to 4 in one program per row (``ThresholdTiles.one_program``): T and the live
-    segments, the candidates of their columns (no atomics: one program scans them in order),
-    the selection. Barriers between the passes make one pass's stores to scratch visible to
-    every thread of the next (a CTA barrier orders its threads' global memory accesses)."""
-    row = tl.program_id(0).to(tl.int64)
-    start, end = window(starts_ptr, ends_ptr, row, L)
-    out_row = out_ptr + row * k
-    n = tl.zeros((), tl.int32)
-    if end - start <= k:
-        short_row(out_row, start, end, k, K_BLOCK)
-    else:
-        t, nlive = _row_threshold(
-            max_ptr, live_ptr, row, start, end, k, M, LEVELS, BITS, True, PAIRS, RADIX, EARLY
-        )
-        tl.debug_barrier()
-        level = _row_level(start, end, M, LEVELS)
-        first = (start >> level) << level  # segment 0's first column
-        within = (1 << level) - 1
-        total = nlive << level
-        row_ptr = logits_ptr + row * row_stride
-        key_row = cand_key_ptr + row * CAP
-        idx_row = cand_idx_ptr + row * CAP
-        for lo in range(0, total, SCAN):
-            q = lo + tl.arange(0, SCAN)
-            seg = tl.load(live_ptr + row * M + (q >> level), mask=q < total, other=0)
-            col = first + (seg << level) + (q & within)
-            inside = (q < total) & (col >= start) & (col < end)
-            key = _sortable_key(tl.load(row_ptr + col, mask=inside, other=0.0))
-            cand = inside & (key >= t)
-            slot = n + tl.cumsum(cand.to(tl.int32), 0) - 1
-            keep = cand & (slot < CAP)
-            tl.store(key_row + slot, key.to(tl.int32, bitcast=True), keep)
-            tl.store(idx_row + slot, col, keep)
-            n += tl.sum(cand.to(tl.int32), 0)
-        tl.debug_barrier()
-        select_buffered(
-            row_ptr, out_row, key_row, idx_row, n, t, start, end, L, k, CAP, IDX_BITS, BLOCK,
-            PAIRS, RADIX, EARLY,
-        )  # fmt: skip
-    tl.store(count_ptr + row, n)
 
 
 @triton.jit
@@ -384,12 +315,12 @@ class ThresholdTiles:
     radix_search: bool = False
     # Stop the bitwise search at the first v with exactly k keys >= v (kth_largest_until_exact):
     # then the keys >= v are the k best, and the rounds that would narrow v down to the k-th
-    # key are skipped. With search_pairs and radix_search off.
-    early_exit: bool = False
-    # Passes 2 to 4 in one program per row (_threshold_and_select): two launches and the
-    # compaction's atomics fewer, its scan of the live columns serial in the row's program
-    # (``block`` columns a tile).
-    one_program: bool = False
+    # key are skipped. The one-bit search only (search_pairs and radix_search ignore it).
+    # H200, 2026-12-03 (indexer-like rows): 64 x 32768 29.8 us against 30.8, 64 x 131072 45.2
+    # against 48.2, 1 x 131072 23.3 against 26.5. (Passes 2 to 4 in one program per row, its
+    # live-column scan serial, were slower in the same sweep: 36-48 us at 64 x 32768, 74-112
+    # at 64 x 131072; removed.)
+    early_exit: bool = True
     num_warps: int = 8  # _segment_max, _compact
     select_warps: int = 8  # _threshold, select_candidates (one program per row)
     threshold_bits: int = 16  # top bits of T searched; fewer: a coarser (lower) T
@@ -403,14 +334,7 @@ SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
     replace(ThresholdTiles(), **change)
     for change in (
         # newest first (a sweep's time budget may cut the tail)
-        {"early_exit": True},
-        {"one_program": True},
-        {"one_program": True, "early_exit": True},
-        {"one_program": True, "early_exit": True, "threshold_bits": 12},
-        {"one_program": True, "early_exit": True, "select_warps": 4},
-        {"one_program": True, "early_exit": True, "select_warps": 16},
-        {"one_program": True, "early_exit": True, "block": 2048},
-        {"one_program": True, "early_exit": True, "capacity": 4096},
+        {"early_exit": False},
         {"segments": 16384},
         {"segments": 32768, "select_warps": 16},
         {"capacity": 4096},
@@ -453,12 +377,6 @@ def _run(
             f"threshold_bits a multiple of 8 and search_pairs off, got threshold_bits="
             f"{tiles.threshold_bits}, search_pairs={tiles.search_pairs}"
         )
-    if tiles.early_exit and (tiles.search_pairs or tiles.radix_search):
-        raise ValueError(
-            "ThresholdTiles: early_exit is a one-bit-a-round search; it needs search_pairs and "
-            f"radix_search off, got search_pairs={tiles.search_pairs}, "
-            f"radix_search={tiles.radix_search}"
-        )
     R, L = logits.shape
     device = logits.device
     out = torch.empty((R, k), dtype=torch.int32, device=device)
@@ -492,17 +410,10 @@ def _run(
     _segment_max[(R, cdiv(width, seg_block))](
         logits, *rows, seg_max, stride, L, k, M, levels, seg_block, num_warps=warps
     )
-    search = (tiles.search_pairs, tiles.radix_search, tiles.early_exit)
+    early = tiles.early_exit and not (tiles.search_pairs or tiles.radix_search)
+    search = (tiles.search_pairs, tiles.radix_search, early)
     idx_bits = max(1, (L - 1).bit_length())
     k_block = min(pow2(k), 4096)
-    if tiles.one_program:
-        live = torch.empty((R, M), dtype=torch.int32, device=device)
-        _threshold_and_select[(R,)](
-            logits, *rows, seg_max, live, cand[0], cand[1], counts, out, stride, L, k, M,
-            levels, tiles.threshold_bits, cap, idx_bits, block, seg_block, k_block, *search,
-            num_warps=select_warps,
-        )  # fmt: skip
-        return out, counts
     # With by_segment, the live segments' list and count (else unused: seg_max stands in).
     live, nlive = seg_max, thresh
     if tiles.by_segment:
