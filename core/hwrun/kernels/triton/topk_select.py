@@ -209,47 +209,6 @@ def _select_tile(
 
 
 @triton.jit
-def short_row(out_row, start, end, k, K_BLOCK: tl.constexpr):
-    """A window of at most k columns: every position, in order, then -1 padding (the
-    reference's rule)."""
-    for o in range(0, k, K_BLOCK):
-        ko = o + tl.arange(0, K_BLOCK)
-        tl.store(out_row + ko, tl.where(ko < end - start, ko, -1), mask=ko < k)
-
-
-@triton.jit
-def select_buffered(
-    row_ptr,
-    out_row,
-    key_row,
-    idx_row,
-    n,
-    t,
-    start,
-    end,
-    L,
-    k,
-    CAP: tl.constexpr,
-    IDX_BITS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    PAIRS: tl.constexpr,
-    RADIX: tl.constexpr,
-    EARLY: tl.constexpr,
-):
-    """A row's k best from its n candidates (keys >= t) buffered at key_row / idx_row, or, when
-    n overflowed the CAP slots, from the radix kernel's exact per-row path."""
-    # Half a tile when the candidates fit: the search's work is per lane, used or not.
-    if n <= CAP // 2:
-        _select_tile(
-            key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS, PAIRS, RADIX, EARLY
-        )
-    elif n <= CAP:
-        _select_tile(key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS, RADIX, EARLY)
-    else:
-        radix_select_row(row_ptr, out_row, start, end, L, k, t, BLOCK)
-
-
-@triton.jit
 def select_candidates(
     logits_ptr,  # [R, L] float32
     starts_ptr,  # [R] int32
@@ -274,14 +233,24 @@ def select_candidates(
     start, end = window(starts_ptr, ends_ptr, row, L)
     out_row = out_ptr + row * k
     if end - start <= k:
-        short_row(out_row, start, end, k, K_BLOCK)
+        # Short row: every position, in order, then -1 padding (the reference's rule).
+        for o in range(0, k, K_BLOCK):
+            ko = o + tl.arange(0, K_BLOCK)
+            tl.store(out_row + ko, tl.where(ko < end - start, ko, -1), mask=ko < k)
     else:
-        select_buffered(
-            logits_ptr + row * row_stride,
-            out_row,
-            cand_key_ptr + row * CAP,
-            cand_idx_ptr + row * CAP,
-            tl.load(count_ptr + row),
-            tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True),
-            start, end, L, k, CAP, IDX_BITS, BLOCK, PAIRS, RADIX, EARLY,
-        )  # fmt: skip
+        n = tl.load(count_ptr + row)
+        t = tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True)
+        key_row = cand_key_ptr + row * CAP
+        idx_row = cand_idx_ptr + row * CAP
+        # Half a tile when the candidates fit: the search's work is per lane, used or not.
+        if n <= CAP // 2:
+            _select_tile(
+                key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS, PAIRS, RADIX,
+                EARLY,
+            )  # fmt: skip
+        elif n <= CAP:
+            _select_tile(
+                key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS, RADIX, EARLY
+            )
+        else:
+            radix_select_row(logits_ptr + row * row_stride, out_row, start, end, L, k, t, BLOCK)

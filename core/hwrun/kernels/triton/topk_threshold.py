@@ -101,37 +101,6 @@ def _segment_max(
 
 
 @triton.jit
-def _row_threshold(
-    max_ptr, live_ptr, row, start, end, k,
-    M: tl.constexpr, LEVELS: tl.constexpr, BITS: tl.constexpr, LIST: tl.constexpr,
-    PAIRS: tl.constexpr, RADIX: tl.constexpr, EARLY: tl.constexpr,
-):  # fmt: skip
-    """T of a row longer than k (module doc, pass 2); with LIST its live segments, in order,
-    written to live_ptr's row. Returns (T, how many segments are live)."""
-    level = _row_level(start, end, M, LEVELS)
-    nseg = ((end - 1) >> level) - (start >> level) + 1
-    seg = tl.arange(0, M)
-    # The whole [M] row is allocated: an unmasked (vector) load, unwritten entries zeroed.
-    seg_max = tl.load(max_ptr + row * M + seg).to(tl.uint32, bitcast=True)
-    seg_max = tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max))
-    lo = tl.zeros((), tl.uint32)
-    if RADIX:
-        t, _, _ = kth_largest_radix(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
-    elif EARLY:
-        # Exactly k maxima >= t: k distinct columns score >= t, all T needs.
-        t, _ = kth_largest_until_exact(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
-    else:
-        t = kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, PAIRS)
-    nlive = tl.zeros((), tl.int32)
-    if LIST:
-        live = (seg < nseg) & (seg_max >= t)
-        pos = tl.cumsum(live.to(tl.int32), 0) - 1
-        tl.store(live_ptr + row * M + pos, seg, mask=live)
-        nlive = tl.sum(live.to(tl.int32), 0)
-    return t, nlive
-
-
-@triton.jit
 def _threshold(
     starts_ptr,  # [R] int32
     ends_ptr,  # [R] int32
@@ -154,12 +123,26 @@ def _threshold(
     start, end = window(starts_ptr, ends_ptr, row, L)
     tl.store(count_ptr + row, 0)
     if end - start > k:
-        t, nlive = _row_threshold(
-            max_ptr, live_ptr, row, start, end, k, M, LEVELS, BITS, LIST, PAIRS, RADIX, EARLY
-        )
+        level = _row_level(start, end, M, LEVELS)
+        nseg = ((end - 1) >> level) - (start >> level) + 1
+        seg = tl.arange(0, M)
+        # The whole [M] row is allocated: an unmasked (vector) load, unwritten entries zeroed.
+        seg_max = tl.load(max_ptr + row * M + seg).to(tl.uint32, bitcast=True)
+        seg_max = tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max))
+        lo = tl.zeros((), tl.uint32)
+        if RADIX:
+            t, _, _ = kth_largest_radix(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
+        elif EARLY:
+            # Exactly k maxima >= t: k distinct columns score >= t, all T needs.
+            t, _ = kth_largest_until_exact(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
+        else:
+            t = kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, PAIRS)
         tl.store(thresh_ptr + row, t.to(tl.int32, bitcast=True))
         if LIST:
-            tl.store(nlive_ptr + row, nlive)
+            live = (seg < nseg) & (seg_max >= t)
+            pos = tl.cumsum(live.to(tl.int32), 0) - 1
+            tl.store(live_ptr + row * M + pos, seg, mask=live)
+            tl.store(nlive_ptr + row, tl.sum(live.to(tl.int32), 0))
 
 
 @triton.jit
