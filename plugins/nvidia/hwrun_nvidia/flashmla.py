@@ -73,19 +73,40 @@ def _lse_to_contract(
     S,
     H,
     D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
-    row = tl.program_id(0)  # (b, s, h) in the contract's order
-    h = row % H
-    bs = row // H
+    bs = tl.program_id(0)  # (b, s) in the contract's order; its H heads together
     s = bs % S
     b = bs // S
-    lse = tl.load(lse_ptr + (b * H + h) * S + s)
-    empty = (lse != lse) | (tl.abs(lse) == float("inf"))
-    tl.store(lse_out_ptr + row, tl.where(empty, float("-inf"), lse))
-    if empty:
-        cols = tl.arange(0, D)
-        zero = tl.zeros((D,), tl.float32).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + row.to(tl.int64) * D + cols, zero)
+    h = tl.arange(0, BLOCK_H)
+    live = h < H
+    lse = tl.load(lse_ptr + (b * H + h) * S + s, mask=live, other=0.0)
+    empty = live & ((lse != lse) | (tl.abs(lse) == float("inf")))
+    tl.store(lse_out_ptr + bs * H + h, tl.where(empty, float("-inf"), lse), mask=live)
+    if tl.sum(empty.to(tl.int32)) > 0:  # rare: a row with no valid entry
+        rows = (bs * H + h).to(tl.int64)
+        zero = tl.zeros((BLOCK_H, BLOCK_D), tl.float32).to(out_ptr.dtype.element_ty)
+        for d in range(0, D, BLOCK_D):
+            cols = d + tl.arange(0, BLOCK_D)
+            mask = empty[:, None] & (cols < D)[None, :]
+            tl.store(out_ptr + rows[:, None] * D + cols[None, :], zero, mask=mask)
+
+
+def lse_to_contract(
+    out: torch.Tensor,  # [B, s, H, D] contiguous, rows that attended nothing zeroed in place
+    lse: torch.Tensor,  # [B, H, s] float32, FlashMLA's (+inf or NaN: nothing attended)
+) -> torch.Tensor:  # [B, s, H] float32, -inf where nothing was attended
+    """One program per (b, s), its heads as one vector: one program per (b, s, h) took 3.3 us a
+    layer at 64 x 64 heads on the H200, for 16 KB."""
+    batch, s, heads, width = out.shape
+    lse_out = torch.empty(batch, s, heads, dtype=torch.float32, device=out.device)
+    block_d = min(64, triton.next_power_of_2(width))
+    _lse_to_contract[(batch * s,)](
+        out, lse.contiguous(), lse_out, s, heads, D=width,
+        BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=block_d,
+    )  # fmt: skip
+    return lse_out
 
 
 def decode(
@@ -119,11 +140,8 @@ def decode(
         indices=indices.contiguous(),
         attn_sink=None if attn_sink is None else attn_sink.float().contiguous(),
     )
-    out = out.contiguous()  # the kernel below zeroes rows of a contiguous [B, s, H, D]
-    batch, s, heads, width = out.shape
-    lse_out = torch.empty(batch, s, heads, dtype=torch.float32, device=out.device)
-    _lse_to_contract[(batch * s * heads,)](out, lse.contiguous(), lse_out, s, heads, D=width)
-    return out, lse_out
+    out = out.contiguous()  # lse_to_contract zeroes rows of a contiguous [B, s, H, D]
+    return out, lse_to_contract(out, lse)
 
 
 def prefill(
@@ -148,10 +166,8 @@ def prefill(
     # Rows that attended nothing, to the contract (lse -inf, out 0) in place, as decode does: two
     # masked_fills into new [T, H, 512] tensors took ~0.7 ms a layer at 8192 tokens on the H200.
     out = out.to(q.dtype).contiguous()
-    tokens, heads, width = out.shape
-    lse_out = torch.empty(tokens, heads, dtype=torch.float32, device=out.device)
-    _lse_to_contract[(tokens * heads,)](out, lse.contiguous(), lse_out, 1, heads, D=width)
-    return out, lse_out
+    lse_out = lse_to_contract(out.unsqueeze(1), lse.unsqueeze(-1))
+    return out, lse_out.squeeze(1)
 
 
 def register(registry: OpRegistry) -> None:
