@@ -96,6 +96,8 @@ GATE_UP = {
     **MOE_WEIGHTS,
     "h_ptr": "*bf16",
     "hs_ptr": "*fp32",
+    "part_ptr": "*fp32",
+    "count_ptr": "*i32",
     **dict.fromkeys(("D", "I", "N", "top_k", "E"), "i32"),
     **MOE_STRIDES,
 }
@@ -198,7 +200,12 @@ VARIANTS = {
     ),
     "gateup_f16": (
         {**GATE_UP, "x_ptr": "*fp16", "h_ptr": "*fp16"},
-        {**MOE_F16, "BLOCK_N": 64, "BLOCK_K": 128},
+        {**MOE_F16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLITS": 1},
+    ),
+    # K split in two, the tile's last split adding both (acquire-release count, .cg loads)
+    "gateup_f16_split": (
+        {**GATE_UP, "x_ptr": "*fp16", "h_ptr": "*fp16"},
+        {**MOE_F16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLITS": 2},
     ),
     "linear_f16": (LINEAR, LINEAR_F16),
     # dense.linear_a8w8 with both e4m3 tiles through tensor descriptors, 64-row decode tiles

@@ -260,8 +260,12 @@ def test_moe_experts_deepseek_v3_shapes(tokens):
 
 
 @pytest.mark.parametrize("tokens", [1, 64])
-@pytest.mark.parametrize("block_n,f16", [(32, False), (32, True), (64, True), (128, True)])
-def test_moe_experts_decode_tile_variants_bench_model_shapes(tokens, block_n, f16):
+@pytest.mark.parametrize(
+    "block_n,f16,splits",
+    [(32, False, 1), (32, True, 1), (64, True, 1), (128, True, 1), (64, True, 2), (64, True, 4),
+     (32, False, 3)],
+)  # fmt: skip
+def test_moe_experts_decode_tile_variants_bench_model_shapes(tokens, block_n, f16, splits):
     """bf16 and f16 products at the bench model's experts: 64 experts, top 8, hidden 4096,
     width 512, one shared expert as group E."""
     from hwrun.kernels.triton.moe import TileConfig, experts
@@ -276,9 +280,12 @@ def test_moe_experts_decode_tile_variants_bench_model_shapes(tokens, block_n, f1
     ids = torch.rand(tokens, num_experts, device="cuda").argsort(1)[:, :k].to(torch.int32)
     ids[0, 2] = -1
     weights = torch.rand(tokens, k, device="cuda")
-    tiles = TileConfig(16, block_n, 128, 4, 4, f16_products=f16)
+    tiles = TileConfig(16, block_n, 128, 4, 4, f16_products=f16, gate_up_splits=splits)
     got = experts(x, w13, w2, ids, weights, "bf16", shared, tiles=tiles)
     _moe_close(got, reference(x, w13, w2, ids, weights, "bf16", shared))
+    # split K: the last split adds every split's sums in split order, whichever finished last
+    again = experts(x, w13, w2, ids, weights, "bf16", shared, tiles=tiles)
+    assert torch.equal(got, again)
 
 
 def _int4_experts(experts, rows, cols, name):

@@ -117,6 +117,38 @@ def test_f16_products_leave_bf16_and_int4_weights_on_their_paths():
         _close(experts(**args, tiles=tiles), reference(**args))
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_block128", "int4_g128"])
+@pytest.mark.parametrize("splits,f16", [(2, False), (3, True), (9, False)])
+def test_gate_up_split_over_k_matches_the_reference(fmt, splits, f16):
+    # hidden 256 in K steps of 32: 8 steps, so 3 splits run 3, 3 and 2 steps and 9 splits are
+    # cut to 8 (a split of no steps would add nothing and still count)
+    g = torch.Generator().manual_seed(24 + splits)
+    args = _problem(g, fmt, 9, 4, 256, 128, 2, shared_inter=128)
+    args["ids"][2, 0] = -1
+    tiles = TileConfig(16, 32, 32, 4, 1, f16_products=f16, gate_up_splits=splits)
+    _close(experts(**args, tiles=tiles), reference(**args))
+
+
+def test_decode_tiles_split_the_gate_up_where_its_last_wave_idles():
+    # The bench model's experts on the H200 (132 SMs), where the splits were timed: 64 tokens
+    # 2 (1.4 waves unsplit), 8 tokens none (0.85 waves), 1 token at least 3 (0.17 waves);
+    # DeepSeek-V3's 2048-wide experts fill 2 waves from 4 tokens on: no split.
+    from hwrun.kernels.triton.moe import default_tiles
+
+    def splits(tokens, experts_, inter):
+        tiles = default_tiles(tokens * 8, experts_, True, tokens=tokens, inter=inter, num_sms=132)
+        return tiles.gate_up_splits
+
+    assert splits(64, 64, 512) == 2
+    assert splits(8, 64, 512) == 1
+    assert splits(1, 64, 512) >= 3
+    assert all(splits(t, 256, 2048) == 1 for t in (4, 8, 64))
+    assert default_tiles(64 * 8, 64, True).gate_up_splits == 1  # the device unknown
+    assert (
+        default_tiles(2048 * 8, 64, True, tokens=2048, inter=512, num_sms=132).gate_up_splits == 1
+    )
+
+
 def test_partial_scale_tiles_and_fp32_input():
     # I = 80: gate rows [0, 80) and up rows [80, 160) cut the 128-row scale tiles unevenly;
     # D = 160 ends in a partial K tile.

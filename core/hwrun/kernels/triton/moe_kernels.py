@@ -61,6 +61,8 @@ def _gate_up_kernel(
     block_expert_ptr,  # [P / BLOCK_M] int32
     h_ptr,  # [P, I] bf16 out, or f16 scaled by hs (F16)
     hs_ptr,  # [P, ceil(I/BLOCK_N)] fp32 out: 2^-s of h's row tiles (F16)
+    part_ptr,  # [SPLITS, P, 2I] fp32: each K split's gate and up sums (SPLITS > 1)
+    count_ptr,  # [P / BLOCK_M * ceil(I/BLOCK_N)] int32 zeros, left at zero (split_counters.py)
     D,
     I,
     N,  # routed slots: slot s < N is token s // top_k, slot N + t is token t
@@ -77,6 +79,7 @@ def _gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     F16: tl.constexpr,
+    SPLITS: tl.constexpr,  # programs per (row block, I tile), each over a run of K steps
 ):
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
@@ -92,9 +95,12 @@ def _gate_up_kernel(
     token = tl.where(valid, token, 0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < I
+    out_mask = valid[:, None] & n_mask[None, :]
     gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, D, BLOCK_K):
+    k_run = tl.cdiv(tl.cdiv(D, BLOCK_K), SPLITS) * BLOCK_K
+    k_start = tl.program_id(2) * k_run
+    for k0 in range(k_start, tl.minimum(D, k_start + k_run), BLOCK_K):
         if FORMAT == 3:
             a_rows = x_ptr + token * D
             gate += int4_product(
@@ -131,9 +137,26 @@ def _gate_up_kernel(
             )
             gate = _scaled_product(gate, a, wg, sg, a_scale, FORMAT, F16)
             up = _scaled_product(up, a, wu, su, a_scale, FORMAT, F16)
+    if SPLITS > 1:
+        # Split K (more programs than a wave holds otherwise, at decode): each split stores its
+        # sums, and the tile's last split to finish adds them all, in split order (the same
+        # bits whichever finishes last), then applies the activation below.
+        part = part_ptr + rows.to(tl.int64)[:, None] * (2 * I) + n[None, :]
+        plane = tl.num_programs(0).to(tl.int64) * BLOCK_M * (2 * I)
+        tl.store(part + tl.program_id(2) * plane, gate, mask=out_mask)
+        tl.store(part + tl.program_id(2) * plane + I, up, mask=out_mask)
+        tl.debug_barrier()  # every thread's sums stored before the count says so
+        tile = block * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") < SPLITS - 1:
+            return
+        tl.store(count_ptr + tile, 0)  # for the next launch (split_counters.py)
+        gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for split in tl.static_range(SPLITS):
+            gate += tl.load(part + split * plane, mask=out_mask, other=0.0, cache_modifier=".cg")
+            up += tl.load(part + split * plane + I, mask=out_mask, other=0.0, cache_modifier=".cg")
     h = gate / (1.0 + tl.exp(-gate)) * up
     out = h_ptr + rows.to(tl.int64)[:, None] * I + n[None, :]
-    out_mask = valid[:, None] & n_mask[None, :]
     if F16:  # the contract's bf16 rounding first, then exactly into f16 with the tile's 2^s
         h16, h_scale = to_scaled_f16(h.to(tl.bfloat16).to(tl.float32))
         tl.store(out, h16, mask=out_mask)
