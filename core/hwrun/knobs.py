@@ -32,6 +32,11 @@ KNOBS: dict[str, str] = {
     "model's plain-torch pieces between op calls (norms, RoPE, concatenations) with "
     "torch.compile, compiled once when the engine starts. 0 (also false, no, off): they run "
     "eagerly. Any other value is refused. Never on CPU or in batch-invariant mode.",
+    "HWRUN_DECODE_SIDE_STREAM": "1 (default; also true, yes, on): on CUDA a decode step runs "
+    "the MLA query's absorption and RoPE and the latent's norm, RoPE and cache write on a "
+    "second stream, alongside the DSA indexer's logits and top-k on the first (CUDA graphs "
+    "capture both). 0 (also false, no, off): one stream. Any other value is refused. Not in "
+    "batch-invariant mode.",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
     "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "
     "(slow: for CI and debugging; vendor-library adapters still need their device). Triton reads "
@@ -104,6 +109,10 @@ def vllm_executable() -> str | None:
 
 def torch_compile() -> bool:
     return _strict_flag("HWRUN_TORCH_COMPILE", True)
+
+
+def decode_side_stream() -> bool:
+    return _strict_flag("HWRUN_DECODE_SIDE_STREAM", True)
 
 
 def triton_interpret() -> bool:

@@ -153,6 +153,25 @@ def test_cuda_graph_decode_matches_eager_decode(plugins, checkpoint):
     assert errors.max().item() < 0.02
 
 
+def test_decode_side_stream_gives_the_one_stream_logits(plugins, checkpoint, monkeypatch):
+    """The MLA query and latent on a second stream (HWRUN_DECODE_SIDE_STREAM, the default)
+    compute what one stream does: the same kernels on the same inputs, in graphs and eagerly."""
+    prompt = _prompt(checkpoint.config.vocab_size)
+    flags = dict(model=str(checkpoint.path), num_kv_tokens=16 * 64, max_model_len=1024)
+    flags |= dict(kv_cache_dtype="fp8_ds_mla", index_dtype="fp8", max_num_seqs=8)
+    logits = {}
+    for side in ("0", "1"):
+        monkeypatch.setenv("HWRUN_DECODE_SIDE_STREAM", side)
+        for graphs in (False, True):
+            runner = _runner(plugins, platform="nvidia", cuda_graphs=graphs, **flags)
+            assert (runner.model.side_stream is not None) == (side == "1")
+            if graphs and runner.graphs is None:
+                pytest.skip(f"decode graphs not captured: {runner.cuda_graphs_status}")
+            logits[side, graphs] = _logits(runner, prompt, [3, 8, 11])
+    for graphs in (False, True):
+        assert torch.equal(logits["1", graphs], logits["0", graphs])
+
+
 def test_batch_invariant_mode_on_the_gpu(plugins, checkpoint):
     flags = dict(model=str(checkpoint.path), platform="nvidia", num_kv_tokens=64 * 64)
     flags |= dict(max_model_len=1024, batch_invariant=True)

@@ -41,13 +41,14 @@ def add_rms_norm(
     return h, rms_norm(h, weight, eps)
 
 
-def mla_query(
-    q_latent: torch.Tensor,  # [T, H, 512]: the NoPE part absorbed into the latent space
+def mla_query_rope(
+    q_mla: torch.Tensor,  # [T, H, 576]: columns [0, 512) hold the absorbed NoPE part
     q_rope: torch.Tensor,  # [T, H, 64]
     cos: torch.Tensor,
     sin: torch.Tensor,
-) -> torch.Tensor:  # [T, H, 576]
-    return torch.cat([q_latent, rotate_interleaved(q_rope, cos, sin)], dim=-1)
+) -> None:
+    """The MLA query's RoPE part, rotated, written into its last 64 columns."""
+    q_mla[..., LATENT_RANK:] = rotate_interleaved(q_rope, cos, sin)
 
 
 def latent_and_key_rope(
@@ -110,7 +111,7 @@ class ModelFunctions:
         # norm at 64 rows on the H200 (49 a step), where a static width runs in ~2 us.
         self.rms_norm = _per_width(rms_norm) if compiled else rms_norm
         self.add_rms_norm = wrap(add_rms_norm)
-        self.mla_query = wrap(mla_query)
+        self.mla_query_rope = wrap(mla_query_rope)
         self.latent_and_key_rope = wrap(latent_and_key_rope)
         self.index_query = wrap(index_query)
         self.index_key = wrap(index_key)

@@ -25,6 +25,7 @@ what it is batched with (the op impls promise the same through their own batch i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,6 +125,11 @@ class DeepseekV32:
         self.fn = ModelFunctions(
             compiled=cache.device.type == "cuda" and not batch_invariant and knobs.torch_compile()
         )
+        # A captured decode step runs the MLA query and the latent on this second stream while
+        # the first runs the indexer (see _fork); None: one stream.
+        self.side_stream = None
+        if cache.is_cuda and not batch_invariant and knobs.decode_side_stream():
+            self.side_stream = torch.cuda.Stream(cache.device)
 
     @torch.inference_mode()
     def forward(self, meta: StepMetadata) -> torch.Tensor:  # [R, V] float32
@@ -162,18 +168,24 @@ class DeepseekV32:
         q, q_index = self._projections(w.from_q_lora, (w.q_b_proj, ix.wq_b), q_resid)
         q = q.view(tokens, c.num_heads, c.qk_head_dim)
         q_nope, q_rope = q.split([c.qk_nope_head_dim, ROPE_DIM], dim=-1)
-        q_latent = self._per_head(q_nope, w.w_uk, transpose=False)  # [T, H, 512]
-        q_mla = self.fn.mla_query(q_latent, q_rope, cos, sin)
+        q_mla = q.new_empty(tokens, c.num_heads, LATENT_RANK + ROPE_DIM)
 
-        latent, k_rope = self._rows(
-            lambda rows, c, s: self.fn.latent_and_key_rope(rows, w.kv_a_norm, c, s, NORM_EPS),
-            compressed,
-            cos,
-            sin,
-        )
-        self.ops["kv.write_latent"](
-            self.latent_views[index], latent, k_rope, meta.slots, self.formats.latent_format
-        )
+        side = self._fork(meta)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            # The NoPE part absorbed into the latent space straight into the query's first 512
+            # columns, its RoPE part rotated into the last 64: a concatenation of both read and
+            # wrote the whole query again (9 us a layer at 64 x 64 heads on the H200).
+            self._per_head(q_nope, w.w_uk, transpose=False, out=q_mla[..., :LATENT_RANK])
+            self.fn.mla_query_rope(q_mla, q_rope, cos, sin)
+            latent, k_rope = self._rows(
+                lambda rows, c, s: self.fn.latent_and_key_rope(rows, w.kv_a_norm, c, s, NORM_EPS),
+                compressed,
+                cos,
+                sin,
+            )
+            self.ops["kv.write_latent"](
+                self.latent_views[index], latent, k_rope, meta.slots, self.formats.latent_format
+            )
 
         q_index, index_weights, index_keys = self._indexer_inputs(ix, x, q_index, index_k, cos, sin)
         self.ops["kv.write_index_keys"](
@@ -181,7 +193,7 @@ class DeepseekV32:
         )
 
         if meta.prefill is None:  # a decode step: whole tensors, no row gathers
-            out = self._decode_attention(index, q_mla, q_index, index_weights, meta.decode)
+            out = self._decode_attention(index, q_mla, q_index, index_weights, meta.decode, side)
         elif meta.decode is None:
             # A prefill-only step: its rows are every row, in order. Whole tensors here too:
             # the row gathers and the scatter into `out` (an index_put of [T, H, 512]) took
@@ -201,8 +213,9 @@ class DeepseekV32:
                 out[d.rows] = self._decode_attention(
                     index, q_mla[d.rows], q_index[d.rows], index_weights[d.rows], d
                 )
-        values = self._per_head(out, w.w_uv, transpose=True)  # [T, H, v]
-        return w.o_proj(values.reshape(tokens, -1), self.row_by_row)
+        values = out.new_empty(tokens, c.num_heads, w.w_uv.shape[1])  # [T, H, v], o_proj's rows
+        self._per_head(out, w.w_uv, transpose=True, out=values)
+        return w.o_proj(values.view(tokens, -1), self.row_by_row)
 
     def _projections(self, fused, linears, x) -> tuple[torch.Tensor, ...]:
         """``linears`` of ``x``: one joined product when ``fused`` is set, else each alone."""
@@ -270,7 +283,20 @@ class DeepseekV32:
         )
         return out
 
-    def _decode_attention(self, index, q_mla, q_index, index_weights, d: DecodeRows):
+    def _fork(self, meta: StepMetadata) -> torch.cuda.Stream | None:
+        """The side stream, started after everything queued so far, for a decode step on CUDA
+        (the indexer's top-k runs one program per row and leaves SMs free; a CUDA graph
+        captures both streams); None for steps with prefill rows. Tensors the side stream reads
+        or allocates outlive the join in _decode_attention, so neither stream's allocator hands
+        out their memory while the other may still use it."""
+        if self.side_stream is None or meta.prefill is not None:
+            return None
+        self.side_stream.wait_stream(torch.cuda.current_stream())
+        return self.side_stream
+
+    def _decode_attention(
+        self, index, q_mla, q_index, index_weights, d: DecodeRows, side=None
+    ) -> torch.Tensor:
         batch = q_mla.shape[0]
         # Positions below are this rank's local ones (under DCP: its tokens only).
         local_lens, local_max = self.context.local_lengths(d.context_lens, d.max_context)
@@ -287,6 +313,8 @@ class DeepseekV32:
             self.ops, logits, d.context_lens, self.config.index_topk, starts=d.window_starts
         )
         slots = self.ops["indexer.to_slots"](positions, d.block_table, self.layout.block_size)
+        if side is not None:  # the query and this layer's latents (_fork's side stream)
+            torch.cuda.current_stream().wait_stream(side)
         out, lse = self.ops["sparse_mla.decode"](
             q_mla.view(batch, 1, *q_mla.shape[1:]),
             self.latent_views[index],
@@ -341,13 +369,14 @@ class DeepseekV32:
             return h, self._rms_norm(h, weight, eps)
         return self.fn.add_rms_norm(h, delta, weight, eps)
 
-    def _per_head(self, x: torch.Tensor, w: torch.Tensor, transpose: bool) -> torch.Tensor:
-        """Per-head products: ``x [T, H, a] @ w[h] [a, b]`` (``w [H, a, b]``), or with
-        ``transpose`` ``x [T, H, b] @ w[h].T`` (``w [H, a, b]`` -> ``[T, H, a]``)."""
-
-        def product(rows: torch.Tensor) -> torch.Tensor:
-            heads_first = rows.transpose(0, 1)  # [H, t, .]
-            out = heads_first @ (w.transpose(1, 2) if transpose else w)
-            return out.transpose(0, 1)
-
-        return self._rows(product, x)
+    def _per_head(self, x: torch.Tensor, w: torch.Tensor, transpose: bool, out: torch.Tensor):
+        """Per-head products into ``out [T, H, b]``: ``x [T, H, a] @ w[h] [a, b]`` (``w [H, a,
+        b]``), or with ``transpose`` ``x [T, H, b] @ w[h].T`` (``w [H, a, b]``, ``out [T, H,
+        a]``). One batched GEMM over the heads writes ``out`` through its strides (a column
+        slice, or [T, H, .] seen heads first), so no transpose or concatenation copies it."""
+        weight = w.transpose(1, 2) if transpose else w
+        if not self.row_by_row or x.shape[0] <= 1:
+            torch.bmm(x.transpose(0, 1), weight, out=out.transpose(0, 1))
+            return
+        for i in range(x.shape[0]):  # batch-invariant: each row a product of its own
+            torch.bmm(x[i : i + 1].transpose(0, 1), weight, out=out[i : i + 1].transpose(0, 1))
