@@ -144,6 +144,7 @@ THRESHOLD_DECODE = {
     "PAIRS": False,
     "RADIX": False,
     "EARLY": False,
+    "RADIX_BITS": 8,
 }
 SELECT_ARGS = {"logits_ptr": "*fp32", **ROWS, **dict.fromkeys(SELECT, "*i32"), **SCALARS}
 SELECT_DECODE = {
@@ -154,6 +155,7 @@ SELECT_DECODE = {
     "PAIRS": False,
     "RADIX": False,
     "EARLY": False,
+    "RADIX_BITS": 8,
 }
 # kernel -> (signature, constexprs)
 VARIANTS = {
@@ -163,6 +165,9 @@ VARIANTS = {
     "threshold_radix": (THRESHOLD_ARGS, {**THRESHOLD_DECODE, "RADIX": True}),
     "select_two_bits": (SELECT_ARGS, {**SELECT_DECODE, "PAIRS": True}),
     "select_radix": (SELECT_ARGS, {**SELECT_DECODE, "RADIX": True}),
+    # 4 bits a round: 16-bin histograms
+    "threshold_radix4": (THRESHOLD_ARGS, {**THRESHOLD_DECODE, "RADIX": True, "RADIX_BITS": 4}),
+    "select_radix4": (SELECT_ARGS, {**SELECT_DECODE, "RADIX": True, "RADIX_BITS": 4}),
     # the bitwise search that stops at exactly k keys: a while loop over a reduction
     "threshold_early": (THRESHOLD_ARGS, {**THRESHOLD_DECODE, "EARLY": True}),
     "select_early": (SELECT_ARGS, {**SELECT_DECODE, "EARLY": True}),
@@ -223,6 +228,8 @@ VARIANTS = {
 NUM_WARPS = {
     "threshold_radix": 8,
     "select_radix": 8,
+    "threshold_radix4": 8,
+    "select_radix4": 8,
     "threshold_early": 8,
     "select_early": 8,
     "mla_whole_rows": 8,

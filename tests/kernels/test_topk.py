@@ -33,6 +33,7 @@ PAIRS = ThresholdTiles(segments=32, capacity=128, block=256, compact_block=64, s
 RADIX = ThresholdTiles(
     segments=32, capacity=128, block=256, compact_block=64, chunks=3, radix_search=True
 )
+RADIX4 = replace(RADIX, radix_bits=4)  # 16-bin histograms, twice the rounds
 # The bitwise search to the end (the default stops at exactly k keys: early_exit).
 FULL_SEARCH = replace(BY_SEGMENT, early_exit=False)
 I32 = torch.int32
@@ -64,8 +65,8 @@ def _edge_rows(seed, length=1500):
 
 @pytest.mark.parametrize(
     "tiles",
-    [SMALL, TINY_CAPACITY, BY_SEGMENT, PAIRS, RADIX, FULL_SEARCH],
-    ids=["small", "tiny_capacity", "by_segment", "pairs", "radix", "full_search"],
+    [SMALL, TINY_CAPACITY, BY_SEGMENT, PAIRS, RADIX, RADIX4, FULL_SEARCH],
+    ids=["small", "tiny_capacity", "by_segment", "pairs", "radix", "radix4", "full_search"],
 )
 @pytest.mark.parametrize("seed", [0, 1])
 def test_threshold_matches_reference_sets(seed, tiles):
@@ -143,19 +144,26 @@ def test_radix_search_finds_the_same_threshold():
     rows = _edge_rows(2)
     one = candidate_counts(*rows, 16, replace(SMALL, early_exit=False))
     torch.testing.assert_close(candidate_counts(*rows, 16, RADIX), one)
+    torch.testing.assert_close(candidate_counts(*rows, 16, RADIX4), one)
+    torch.testing.assert_close(candidate_counts(*rows, 16, replace(RADIX4, threshold_bits=12)),
+                               candidate_counts(*rows, 16, replace(SMALL, threshold_bits=12,
+                                                                   early_exit=False)))  # fmt: skip
     with pytest.raises(ValueError, match="threshold_bits=12, search_pairs=False"):
         topk(*rows, 16, replace(RADIX, threshold_bits=12))
     with pytest.raises(ValueError, match="threshold_bits=16, search_pairs=True"):
         topk(*rows, 16, replace(RADIX, search_pairs=True))
+    with pytest.raises(ValueError, match="radix_bits=2"):
+        topk(*rows, 16, replace(RADIX, radix_bits=2))
 
 
 @pytest.mark.parametrize(
     "tiles",
     [
         ThresholdTiles(segments=1024, capacity=1024, block=1024, compact_block=256, **flags)
-        for flags in ({"radix_search": True}, {"early_exit": True}, {"early_exit": False})
+        for flags in ({"radix_search": True}, {"radix_search": True, "radix_bits": 4},
+                      {"early_exit": True}, {"early_exit": False})
     ],
-    ids=["radix", "early_exit", "full_search"],
+    ids=["radix", "radix4", "early_exit", "full_search"],
 )  # fmt: skip
 def test_fresh_rows(tiles):
     """Longer rows than the edge rows, in windows that start and end off every tile: scores of
@@ -175,12 +183,14 @@ def test_fresh_rows(tiles):
 
 
 @triton.jit
-def _both_searches(keys_ptr, bounds_ptr, out_ptr, k, N: tl.constexpr, BITS: tl.constexpr):
+def _both_searches(
+    keys_ptr, bounds_ptr, out_ptr, k, N: tl.constexpr, BITS: tl.constexpr, DIGIT: tl.constexpr
+):
     keys = tl.load(keys_ptr + tl.arange(0, N)).to(tl.uint32, bitcast=True)
     lo = tl.load(bounds_ptr).to(tl.uint32, bitcast=True)
     hi = tl.load(bounds_ptr + 1).to(tl.uint32, bitcast=True)
     bitwise = kth_largest(keys, k, lo, hi, BITS, False)
-    radix, need, ties = kth_largest_radix(keys, k, lo, hi, BITS)
+    radix, need, ties = kth_largest_radix(keys, k, lo, hi, BITS, DIGIT)
     tl.store(out_ptr, bitwise.to(tl.int32, bitcast=True))
     tl.store(out_ptr + 1, radix.to(tl.int32, bitcast=True))
     tl.store(out_ptr + 2, need)
@@ -205,8 +215,9 @@ def _crowded_keys(rng, n):
     }
 
 
+@pytest.mark.parametrize("digit", [4, 8])
 @pytest.mark.parametrize("bits", [8, 16, 32])
-def test_kth_largest_radix_equals_the_bitwise_search(bits):
+def test_kth_largest_radix_equals_the_bitwise_search(bits, digit):
     """kth_largest_radix gives kth_largest's v (the k-th key with the bits below BITS cleared)
     and the counts at v, with lo and hi as _threshold passes them (0, all ones) and as
     select_candidates does (a lower bound with 16 bits, the largest key)."""
@@ -230,6 +241,7 @@ def test_kth_largest_radix_equals_the_bitwise_search(bits):
                     k,
                     n,
                     bits,
+                    digit,
                 )
                 got = out.numpy().view(np.uint32).tolist()
                 case = f"{name} k={k} lo={lo:#x} hi={hi:#x}"

@@ -1,6 +1,6 @@
 """indexer.topk's exact selection (topk_threshold.py's passes 2 and 4): a row's clamped window,
 the search for the k-th largest key over keys held in registers (bit by bit, two bits a round,
-or eight bits a round by histograms), and the select program that picks a row's k best among
+or four or eight bits a round by histograms), and the select program that picks a row's k best among
 its candidates (ties at the k-th key by smallest index), or hands a row whose candidates
 overflowed to the radix kernel's exact per-row path.
 """
@@ -95,41 +95,43 @@ def _add3(a0, b0, c0, a1, b1, c1):
 
 
 @triton.jit
-def kth_largest_radix(keys, k, lo, hi, BITS: tl.constexpr):
+def kth_largest_radix(keys, k, lo, hi, BITS: tl.constexpr, DIGIT: tl.constexpr):
     """kth_largest's v (the largest v, zero below its top BITS bits, with at least k keys >= v)
-    in rounds of 8 bits, each a 256-bin histogram of the next digit of the keys that match v so
-    far: BITS // 8 rounds of three steps across warps (histogram, scan, reduction) where the
-    bitwise search takes BITS reductions. Given lo <= v and no key above hi (their maximum, or
-    all ones): a round whose bits, and every bit above them, are the same in lo and hi copies
-    them from lo, not searched; the last round is always searched, for its counts: ``need``, k
-    less the keys whose top BITS bits are above v's, and ``ties``, the keys whose top BITS bits
-    are v's (1 <= need <= ties; with BITS 32, the keys > v and == v). Returns (v, need, ties).
-    """
-    tl.static_assert(BITS % 8 == 0 and BITS > 0 and BITS <= 32, "1 to 4 whole 8-bit rounds")
+    in rounds of DIGIT bits (4 or 8), each a 2**DIGIT-bin histogram of the next digit of the
+    keys that match v so far: BITS // DIGIT rounds of three steps across warps (histogram,
+    scan, reduction) where the bitwise search takes BITS reductions. Given lo <= v and no key
+    above hi (their maximum, or all ones): a round whose bits, and every bit above them, are the
+    same in lo and hi copies them from lo, not searched; the last round is always searched, for
+    its counts: ``need``, k less the keys whose top BITS bits are above v's, and ``ties``, the
+    keys whose top BITS bits are v's (1 <= need <= ties; with BITS 32, the keys > v and == v).
+    Returns (v, need, ties)."""
+    tl.static_assert(BITS % DIGIT == 0 and BITS > 0 and BITS <= 32, "1 to 32 // DIGIT whole rounds")
     diff = lo ^ hi
     v = tl.zeros((), tl.uint32)
     # A tensor from the start: a round that copies must leave it the type a searched one gives.
     need = tl.zeros((), tl.int32) + k
-    for r in tl.static_range(BITS // 8 - 1):
-        if (diff >> (24 - 8 * r)) == 0:
-            v = v | (lo & (tl.full((), 0xFF, tl.uint32) << (24 - 8 * r)))
+    for r in tl.static_range(BITS // DIGIT - 1):
+        if (diff >> (32 - DIGIT * (r + 1))) == 0:
+            digit_mask = tl.full((), (1 << DIGIT) - 1, tl.uint32) << (32 - DIGIT * (r + 1))
+            v = v | (lo & digit_mask)
         else:
-            v, need, _ = _radix_round(keys, v, need, 24 - 8 * r)
-    return _radix_round(keys, v, need, 32 - BITS)
+            v, need, _ = _radix_round(keys, v, need, 32 - DIGIT * (r + 1), DIGIT)
+    return _radix_round(keys, v, need, 32 - BITS, DIGIT)
 
 
 @triton.jit
-def _radix_round(keys, v, need, SHIFT: tl.constexpr):
-    """The 8-bit digit at SHIFT of the need-th largest key among those matching v above SHIFT,
-    put into v; need less the matching keys in higher digits; the matching keys at the digit."""
-    digit = ((keys >> SHIFT) & 0xFF).to(tl.int32)
-    if SHIFT == 24:
-        hist = tl.histogram(digit, 256)
+def _radix_round(keys, v, need, SHIFT: tl.constexpr, DIGIT: tl.constexpr):
+    """The DIGIT-bit digit at SHIFT of the need-th largest key among those matching v above
+    SHIFT, put into v; need less the matching keys in higher digits; the matching keys at the
+    digit."""
+    digit = ((keys >> SHIFT) & ((1 << DIGIT) - 1)).to(tl.int32)
+    if SHIFT + DIGIT == 32:
+        hist = tl.histogram(digit, 1 << DIGIT)
     else:
-        hist = tl.histogram(digit, 256, mask=((keys ^ v) >> (SHIFT + 8)) == 0)
+        hist = tl.histogram(digit, 1 << DIGIT, mask=((keys ^ v) >> (SHIFT + DIGIT)) == 0)
     at_or_above = tl.cumsum(hist, 0, reverse=True)  # matching keys in this digit or higher
     # Digits 0 .. d reach need (at_or_above falls as d rises): d is their count less one, and
-    # the largest at_or_above short of need is the count above d (0 when d is 255).
+    # the largest at_or_above short of need is the count above d (0 when d is the last digit).
     reach = at_or_above >= need
     reaching, above, at_or_above_d = tl.reduce(
         (
@@ -174,6 +176,7 @@ def _select_tile(
     PAIRS: tl.constexpr,
     RADIX: tl.constexpr,
     EARLY: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
 ):
     """The k best of n <= TILE candidates, all in registers."""
     lane = tl.arange(0, TILE)
@@ -185,7 +188,7 @@ def _select_tile(
     idx = tl.load(idx_row + lane)
     if RADIX:
         # The last histogram's counts stand in for two more reductions.
-        kth, need, ties = kth_largest_radix(key, k, t, tl.max(key, 0), 32)
+        kth, need, ties = kth_largest_radix(key, k, t, tl.max(key, 0), 32, RADIX_BITS)
     elif EARLY:
         kth, exact = kth_largest_until_exact(key, k, t, tl.max(key, 0), 32)
         # exact: the keys >= kth are the k best; every tie at kth is taken (need == ties)
@@ -228,6 +231,7 @@ def select_candidates(
     PAIRS: tl.constexpr,
     RADIX: tl.constexpr,
     EARLY: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     start, end = window(starts_ptr, ends_ptr, row, L)
@@ -246,11 +250,12 @@ def select_candidates(
         if n <= CAP // 2:
             _select_tile(
                 key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS, PAIRS, RADIX,
-                EARLY,
+                EARLY, RADIX_BITS,
             )  # fmt: skip
         elif n <= CAP:
             _select_tile(
-                key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS, RADIX, EARLY
-            )
+                key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS, RADIX, EARLY,
+                RADIX_BITS,
+            )  # fmt: skip
         else:
             radix_select_row(logits_ptr + row * row_stride, out_row, start, end, L, k, t, BLOCK)

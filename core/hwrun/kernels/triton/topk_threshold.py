@@ -9,7 +9,7 @@ exact selection runs over a few thousand candidates held in registers.
 2. ``_threshold`` (one program per row): T, the k-th largest segment maximum rounded down to
    its top ``THRESHOLD_BITS`` bits, by a bitwise search over the maxima in registers that stops
    at the first value with exactly k maxima at or above it (``ThresholdTiles.early_exit``; with
-   ``ThresholdTiles.radix_search``, 8 bits a round by histograms). The maxima are k distinct
+   ``ThresholdTiles.radix_search``, 4 or 8 bits a round by histograms). The maxima are k distinct
    columns scoring >= T, so T is never above the row's k-th key: every column of the result,
    ties at the k-th key included, scores >= T.
 3. ``_compact`` (rows x chunks programs): the window's keys >= T, read only in segments whose
@@ -118,6 +118,7 @@ def _threshold(
     PAIRS: tl.constexpr,
     RADIX: tl.constexpr,
     EARLY: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     start, end = window(starts_ptr, ends_ptr, row, L)
@@ -131,7 +132,7 @@ def _threshold(
         seg_max = tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max))
         lo = tl.zeros((), tl.uint32)
         if RADIX:
-            t, _, _ = kth_largest_radix(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
+            t, _, _ = kth_largest_radix(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, RADIX_BITS)
         elif EARLY:
             # Exactly k maxima >= t: k distinct columns score >= t, all T needs.
             t, _ = kth_largest_until_exact(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
@@ -294,8 +295,11 @@ class ThresholdTiles:
     # 32 reductions bit by bit. Slower on the H200 (Triton 3.6, 2026-12-03): 64 x 32768 43.0
     # us against 31.0, 64 x 131072 64.6 against 48.7 (3.6's 256-bin histogram is ~100
     # instructions a key a round); kept in SWEEP_GRID for other Triton versions.
-    # threshold_bits must be a multiple of 8, and search_pairs off.
+    # threshold_bits must be a multiple of radix_bits, and search_pairs off.
     radix_search: bool = False
+    # Bits a histogram round of radix_search: 8 (256 bins), or 4 (16 bins: twice the rounds,
+    # each histogram a fraction of the 256-bin one's instructions; not yet timed on a GPU).
+    radix_bits: int = 8
     # Stop the bitwise search at the first v with exactly k keys >= v (kth_largest_until_exact):
     # then the keys >= v are the k best, and the rounds that would narrow v down to the k-th
     # key are skipped. The one-bit search only (search_pairs and radix_search ignore it).
@@ -317,6 +321,9 @@ SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
     replace(ThresholdTiles(), **change)
     for change in (
         # newest first (a sweep's time budget may cut the tail)
+        {"radix_search": True, "radix_bits": 4},
+        {"radix_search": True, "radix_bits": 4, "capacity": 4096},
+        {"radix_search": True, "radix_bits": 4, "select_warps": 4},
         {"early_exit": False},
         {"segments": 16384},
         {"segments": 32768, "select_warps": 16},
@@ -354,11 +361,16 @@ def _run(
             f"ThresholdTiles: search_pairs searches two bits a round; threshold_bits must be "
             f"even, got {tiles.threshold_bits}"
         )
-    if tiles.radix_search and (tiles.search_pairs or tiles.threshold_bits % 8):
+    if tiles.radix_search and (
+        tiles.radix_bits not in (4, 8)
+        or tiles.search_pairs
+        or tiles.threshold_bits % tiles.radix_bits
+    ):
         raise ValueError(
-            f"ThresholdTiles: radix_search searches 8 bits a round, alone; it needs "
-            f"threshold_bits a multiple of 8 and search_pairs off, got threshold_bits="
-            f"{tiles.threshold_bits}, search_pairs={tiles.search_pairs}"
+            f"ThresholdTiles: radix_search searches radix_bits (4 or 8) a round, alone; it "
+            f"needs threshold_bits a multiple of them and search_pairs off, got radix_bits="
+            f"{tiles.radix_bits}, threshold_bits={tiles.threshold_bits}, search_pairs="
+            f"{tiles.search_pairs}"
         )
     R, L = logits.shape
     device = logits.device
@@ -394,7 +406,7 @@ def _run(
         logits, *rows, seg_max, stride, L, k, M, levels, seg_block, num_warps=warps
     )
     early = tiles.early_exit and not (tiles.search_pairs or tiles.radix_search)
-    search = (tiles.search_pairs, tiles.radix_search, early)
+    search = (tiles.search_pairs, tiles.radix_search, early, tiles.radix_bits)
     idx_bits = max(1, (L - 1).bit_length())
     k_block = min(pow2(k), 4096)
     # With by_segment, the live segments' list and count (else unused: seg_max stands in).
