@@ -11,6 +11,9 @@ call with the machine's nvcc) happens at the first call. Conventions converted t
   those columns (``hwrun.kernels.triton.window_fill``). A torch mask over every column cost
   ~80 us per layer at 64 x 128K decode and ~4.5 ms per layer in a 32K-context prefill chunk
   of 8192 tokens on the H200.
+- the paged logits' tile schedule (``get_paged_mqa_logits_metadata``) depends only on the
+  context lengths: the last one is reused while the same lengths come back (``schedule``), so
+  an engine step computes it once, not once per layer.
 """
 
 from __future__ import annotations
