@@ -44,16 +44,18 @@ class BlockTables:
         """Row i of ``out`` (int32 [>= len(chunks), width]) := the blocks chunk i's positions
         use, -1 past them; rows past the chunks are left as they are. Forgets sequences not
         in ``chunks`` (finished or not decoding: rebuilt if they come back)."""
-        tables = {}
+        tables, known = {}, self._tables
+        # One fill of every row, then each row's blocks over it: a fill per row's tail cost
+        # ~0.9 us of numpy call each, 64 of them a step, where one fill of 64 x 640 is ~9 us.
+        out[: len(chunks)] = -1
         for row, chunk in enumerate(chunks):
-            table = self._tables.get(chunk.seq_id)
+            table = known.get(chunk.seq_id)
             blocks = chunk.block_table
             if table is None or table.epoch != chunk.table_epoch or len(blocks) < table.length:
                 table = _Table(chunk.table_epoch, blocks)
             elif len(blocks) > table.length:
                 table.extend(blocks)
             tables[chunk.seq_id] = table
-            used = -(-chunk.end // block_size)
+            used = -(-(chunk.start + len(chunk.token_ids)) // block_size)
             out[row, :used] = table.ids[:used]
-            out[row, used:] = -1
         self._tables = tables

@@ -224,29 +224,42 @@ class ModelRunner:
         return meta, spans
 
     def check(self, chunk: ScheduledChunk) -> None:
-        """Raise ValueError when ``chunk`` cannot run here (before anything is computed)."""
-        if not chunk.token_ids:
+        """Raise ValueError when ``chunk`` cannot run here (before anything is computed).
+
+        Written for a decode step's 64 calls: plain loops over what the chunk writes, no
+        slices, generators or properties (2.6 us a chunk before, on the development machine)."""
+        tokens, table = chunk.token_ids, chunk.block_table
+        if not tokens:
             raise ValueError(f"sequence {chunk.seq_id}: a scheduled chunk must hold tokens")
-        if chunk.end > self.max_model_len:
+        end = chunk.start + len(tokens)
+        if end > self.max_model_len:
             raise ValueError(
-                f"sequence {chunk.seq_id}: position {chunk.end - 1} is past max_model_len "
+                f"sequence {chunk.seq_id}: position {end - 1} is past max_model_len "
                 f"{self.max_model_len}"
             )
-        needed = -(-chunk.end // self.block_size)
+        needed = -(-end // self.block_size)
         # The blocks this chunk writes; earlier ones passed this check when they were written
         # (checking a 128K-token table every step would cost milliseconds of host time).
-        written = chunk.block_table[chunk.start // self.block_size : needed]
-        if len(chunk.block_table) < needed or any(not 0 <= b < self.num_blocks for b in written):
+        valid = len(table) >= needed
+        if valid:
+            num_blocks = self.num_blocks
+            for i in range(chunk.start // self.block_size, needed):
+                if not 0 <= table[i] < num_blocks:
+                    valid = False
+                    break
+        if not valid:
             raise ValueError(
-                f"sequence {chunk.seq_id}: positions up to {chunk.end - 1} need {needed} valid "
-                f"blocks (of {self.num_blocks}), got block table {chunk.block_table}"
+                f"sequence {chunk.seq_id}: positions up to {end - 1} need {needed} valid "
+                f"blocks (of {self.num_blocks}), got block table {table}"
             )
-        bad = [t for t in chunk.token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"sequence {chunk.seq_id}: token ids {bad[:5]} outside the vocabulary "
-                f"[0, {self.vocab_size})"
-            )
+        vocab = self.vocab_size
+        for t in tokens:
+            if not 0 <= t < vocab:
+                bad = [t for t in tokens if not 0 <= t < vocab]
+                raise ValueError(
+                    f"sequence {chunk.seq_id}: token ids {bad[:5]} outside the vocabulary "
+                    f"[0, {vocab})"
+                )
 
 
 def _pool_blocks(config: EngineConfig, layout: PackedLayout, max_model_len: int, world: int) -> int:
