@@ -56,6 +56,6 @@ class BlockTables:
             elif len(blocks) > table.length:
                 table.extend(blocks)
             tables[chunk.seq_id] = table
-            used = -(-(chunk.start + len(chunk.token_ids)) // block_size)
+            used = -(-chunk.end // block_size)
             out[row, :used] = table.ids[:used]
         self._tables = tables

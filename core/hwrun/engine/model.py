@@ -125,8 +125,8 @@ class DeepseekV32:
         self.fn = ModelFunctions(
             compiled=cache.device.type == "cuda" and not batch_invariant and knobs.torch_compile()
         )
-        # A captured decode step runs the MLA query and the latent on this second stream while
-        # the first runs the indexer (see _fork); None: one stream.
+        # A decode step runs the MLA query and the latent on this second stream while the
+        # first runs the indexer (see _fork); None: one stream.
         self.side_stream = None
         if cache.is_cuda and not batch_invariant and knobs.decode_side_stream():
             self.side_stream = torch.cuda.Stream(cache.device)

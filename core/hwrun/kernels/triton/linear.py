@@ -159,7 +159,9 @@ PREFILL_GRID = (
 
 
 @functools.cache
-def _multiprocessors(device_index: int) -> int:
+def multiprocessors(device_index: int) -> int:
+    """The CUDA device's multiprocessors (cached: a properties query per call costs host time
+    on every decode launch)."""
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
@@ -399,7 +401,7 @@ def linear_a8w8(
 def _tiles_for(x: torch.Tensor, weight: QuantizedWeight, tiles: LinearTiles | None) -> LinearTiles:
     if tiles is not None:
         return tiles
-    sms = _multiprocessors(x.device.index or 0) if x.is_cuda else None
+    sms = multiprocessors(x.device.index or 0) if x.is_cuda else None
     return default_tiles(x.shape[0], weight.shape[0], x.shape[1], sms)
 
 

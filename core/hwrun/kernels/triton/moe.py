@@ -46,7 +46,6 @@ which can flip a bf16 rounding of the intermediate or of the output by one unit.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -58,6 +57,7 @@ from hwrun.formats.int4 import INT4_GROUP
 from hwrun.kernels.triton.f16_rows import F16_WEIGHT_FORMATS, rows_to_f16
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.linear import multiprocessors
 from hwrun.kernels.triton.moe_align import ExpertLayout, align_by_expert
 from hwrun.kernels.triton.moe_kernels import _combine_kernel, _down_kernel, _gate_up_kernel
 from hwrun.kernels.triton.split_counters import zeroed_counters
@@ -138,11 +138,6 @@ def gate_up_splits(
         return math.ceil(splits * waves) / (splits * waves) + SPLIT_COST * (splits - 1)
 
     return min(range(1, MAX_GATE_UP_SPLITS + 1), key=cost)
-
-
-@functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _weight_args(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, int, int, int, int]:
@@ -304,7 +299,7 @@ def experts(
     top_k = ids.shape[1]
     num_experts = w13.shape[0]
     if tiles is None:
-        sms = _multiprocessors(x.device.index or 0) if x.is_cuda else None
+        sms = multiprocessors(x.device.index or 0) if x.is_cuda else None
         inter = w13.shape[-2] // 2
         tiles = default_tiles(
             tokens * top_k, num_experts, x.is_cuda, tokens=tokens, inter=inter, num_sms=sms

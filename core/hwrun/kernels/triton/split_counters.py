@@ -7,12 +7,12 @@ partial in split order (the same bits whichever finished last), writes the outpu
 the counter back to zero. That saves the second launch that would otherwise add the partials.
 
 Because every launch leaves its counters at zero, one buffer per device serves all of them in
-turn, with no memset per call, as long as no two such launches run at once: the engine runs a
-device's kernels on one stream at a time (its graph capture and the warm-up before it run on a
-side stream, after the main one; a buffer per stream gave every captured launch a memset of its
-own, 45 us a decode step on the H200). A launch recorded while a CUDA graph is being captured,
-before the buffer exists or when it is too small, gets counters of its own (a memset node in
-the graph) and leaves the buffer alone.
+turn, with no memset per call, as long as no two such launches run at once. In the engine none
+do: the graph capture and its warm-up run after the main stream's work, and the decode side
+stream (model.py's _fork) launches none of them (a buffer per stream gave every captured launch
+a memset of its own, 45 us a decode step on the H200). A launch recorded while a CUDA graph is
+being captured, before the buffer exists or when it is too small, gets counters of its own (a
+memset node in the graph) and leaves the buffer alone.
 """
 
 from __future__ import annotations
