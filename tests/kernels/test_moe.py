@@ -132,20 +132,22 @@ def test_gate_up_split_over_k_matches_the_reference(fmt, splits, f16):
     _close(experts(**args, tiles=tiles), reference(**args))
 
 
-def test_decode_tiles_split_the_gate_up_where_its_last_wave_idles():
-    # The bench model's experts on the H200 (132 SMs), where the splits were timed: 64 tokens
-    # 2 (1.4 waves unsplit), 8 tokens none (0.85 waves), 1 token at least 3 (0.17 waves);
-    # DeepSeek-V3's 2048-wide experts fill 2 waves from 4 tokens on: no split.
+def test_decode_tiles_by_how_much_of_a_wave_their_grid_fills():
+    # The H200's 132 SMs at the shapes the tiles were timed at: the bench model's experts (64 of
+    # width 512) take wide unsplit tiles at 8 and 16 tokens (under a wave), wide tiles split in
+    # 4 at 64 (just over one wave), narrow tiles split in 3-4 at 1 token (a sixth of a wave);
+    # DeepSeek-V3's 256 experts of width 2048 fill many waves: wide and unsplit.
     from hwrun.kernels.triton.moe import default_tiles
 
-    def splits(tokens, experts_, inter):
-        tiles = default_tiles(tokens * 8, experts_, True, tokens=tokens, inter=inter, num_sms=132)
-        return tiles.gate_up_splits
+    def tiles(tokens, experts_, inter):
+        got = default_tiles(tokens * 8, experts_, True, tokens=tokens, inter=inter, num_sms=132)
+        return got.block_n, got.gate_up_splits
 
-    assert splits(64, 64, 512) == 2
-    assert splits(8, 64, 512) == 1
-    assert splits(1, 64, 512) >= 3
-    assert all(splits(t, 256, 2048) == 1 for t in (4, 8, 64))
+    assert tiles(64, 64, 512) == (128, 4)
+    assert tiles(16, 64, 512) == (128, 1)
+    assert tiles(8, 64, 512) == (128, 1)
+    assert tiles(1, 64, 512)[0] == 64 and tiles(1, 64, 512)[1] >= 3
+    assert all(tiles(t, 256, 2048) == (128, 1) for t in (4, 8, 64))
     assert default_tiles(64 * 8, 64, True).gate_up_splits == 1  # the device unknown
     assert (
         default_tiles(2048 * 8, 64, True, tokens=2048, inter=512, num_sms=132).gate_up_splits == 1

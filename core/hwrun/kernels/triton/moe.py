@@ -83,17 +83,22 @@ class TileConfig:
 
 # Tuned on the H200 by rows per expert (docs/benchmarks.md): the middle and prefill tiles at
 # DeepSeek-V3's expert shapes, the decode tiles at the bench model's too (64 x 4096 x 512, where
-# f16 products took 64 tokens from 213 to 151 us).
-DECODE_TILES = TileConfig(16, 64, 128, num_warps=4, num_stages=4, f16_products=True)
+# f16 products took 64 tokens from 213 to 151 us). Decode takes the wide tiles (16 x 128) but
+# where even they leave most multiprocessors idle (1-2 tokens), then the narrow ones, split.
+DECODE_TILES = TileConfig(16, 128, 128, num_warps=4, num_stages=4, f16_products=True)
+NARROW_DECODE_TILES = TileConfig(16, 64, 128, num_warps=4, num_stages=4, f16_products=True)
 MIDDLE_TILES = TileConfig(32, 64, 128, num_warps=4, num_stages=4)
 PREFILL_TILES = TileConfig(64, 128, 64, num_warps=4, num_stages=3)
 INTERPRETER_TILES = TileConfig(16, 32, 32, num_warps=4, num_stages=1)
-# The decode gate/up kernel's programs resident per multiprocessor (ncu on the H200: 142
-# registers a thread at 128 threads), the most K splits, and what a split costs against the
-# idle share of a last wave (a tie goes to fewer splits).
-GATE_UP_RESIDENT = 3
+# The decode gate/up kernel's programs resident per multiprocessor by tile width (16 x 64: 3,
+# from ncu on the H200, 142 registers a thread at 128 threads; 16 x 128, which holds twice the
+# accumulators: 2, the count that the timings in default_tiles fit), the most K splits, and what
+# a split costs against the idle share of a last wave (a tie goes to fewer splits).
+GATE_UP_RESIDENT = {64: 3, 128: 2}
 MAX_GATE_UP_SPLITS = 4
 SPLIT_COST = 0.03
+# Below this share of a wave the wide tiles' programs are too few to keep the memory busy.
+FEW_PROGRAMS = 0.25
 
 
 def default_tiles(
@@ -107,7 +112,21 @@ def default_tiles(
 ) -> TileConfig:
     """Row blocks as tall as the experts' typical number of rows (padding rows cost MMA time
     and registers, not memory traffic); at decode, given the tokens, the expert width and the
-    device's multiprocessors, the gate/up K split by :func:`gate_up_splits`."""
+    device's multiprocessors, the tile width and the gate/up K split by :func:`gate_up_waves`.
+
+    On the H200 (2026-12-03, us per call; DeepSeek-V3: 256 experts of 7168 x 2048, the bench
+    model: 64 of 4096 x 512), the wide tiles against the narrow ones' best split:
+
+    ===========  ======  ======  ======  ======  ======  ======
+    experts      bench   bench   bench   bench   V3      V3
+    tokens       1       8       16      64      8       64
+    narrow       30.7    100.5   122.4   147.9   739.5   2911.9
+    wide         33.7    97.3    111.1   146.3   644.6   2465.8
+    ===========  ======  ======  ======  ======  ======  ======
+
+    The rule misses by at most 5% at the token counts timed (1-64): DeepSeek-V3's 1 token took
+    143.4 us unsplit (0.54 waves) and 136.4 split in 4.
+    """
     if not on_gpu:
         return INTERPRETER_TILES
     rows_per_expert = num_slots / max(num_experts, 1)
@@ -115,22 +134,33 @@ def default_tiles(
         return MIDDLE_TILES if rows_per_expert < 64 else PREFILL_TILES
     if tokens is None or inter is None or num_sms is None:
         return DECODE_TILES
-    splits = gate_up_splits(DECODE_TILES, tokens, num_slots, num_experts, inter, num_sms)
-    return replace(DECODE_TILES, gate_up_splits=splits)
+    shape = (tokens, num_slots, num_experts, inter, num_sms)
+    waves = gate_up_waves(DECODE_TILES, *shape)
+    if waves < FEW_PROGRAMS:
+        narrow = gate_up_waves(NARROW_DECODE_TILES, *shape)
+        return replace(NARROW_DECODE_TILES, gate_up_splits=gate_up_splits(narrow))
+    # With less than a wave every program is resident from the start: a split only adds sums
+    # (8 and 16 tokens at the bench model: 97.3 and 111.1 us unsplit, 100.5 and 115.1 split).
+    return replace(DECODE_TILES, gate_up_splits=gate_up_splits(waves) if waves >= 1 else 1)
 
 
-def gate_up_splits(
+def gate_up_waves(
     tiles: TileConfig, tokens: int, num_slots: int, num_experts: int, inter: int, num_sms: int
-) -> int:
-    """K splits that leave the least of the gate/up launch's last wave idle. Its working
-    programs are the row blocks of the experts the batch is expected to touch (uniform routing;
-    blocks of more than ``block_m`` rows counted by the slots) plus the shared group's, times the
-    I tiles. On the H200 at the bench model's experts (2026-12-03): 64 tokens (~1.4 waves)
-    148.7 us at 2 splits against 158.5 unsplit, 8 tokens (~0.85) 104.0 against 100.5, 1 token
-    (~0.17) 31.7 at 3 splits against 44.7."""
+) -> float:
+    """Waves of the gate/up launch's working programs: the row blocks of the experts the batch
+    is expected to touch (uniform routing; blocks of more than ``block_m`` rows counted by the
+    slots) plus the shared group's, times the I tiles, over the programs resident at once."""
     touched = num_experts * (1 - (1 - 1 / max(num_experts, 1)) ** num_slots)
     blocks = max(touched, num_slots / tiles.block_m) + triton.cdiv(tokens, tiles.block_m)
-    waves = blocks * triton.cdiv(inter, tiles.block_n) / (GATE_UP_RESIDENT * num_sms)
+    resident = GATE_UP_RESIDENT.get(tiles.block_n, min(GATE_UP_RESIDENT.values()))
+    return blocks * triton.cdiv(inter, tiles.block_n) / (resident * num_sms)
+
+
+def gate_up_splits(waves: float) -> int:
+    """K splits that leave the least of the gate/up launch's last wave idle. On the H200 at the
+    bench model's experts (2026-12-03): 64 tokens (~1.03 waves of wide tiles) 146.3 us at 4
+    splits against 158.4 unsplit; 1 token (~0.17 waves of narrow ones) 30.7-31.4 at 3-4 splits
+    against 44.7."""
     if waves >= 2:  # the last wave's idle share is small already; splits there are untimed
         return 1
 
