@@ -210,6 +210,86 @@ def profile_shares(runner: ModelRunner, batch: int, context: int, steps: int) ->
     return shares
 
 
+def host_phases(runner: ModelRunner, batch: int, context: int, steps: int) -> dict[str, float]:
+    """Median microseconds of a graph-replayed decode step's host work, by phase: the per-chunk
+    checks, the block tables, the rest of ``DecodeGraphs.run`` before the replay, the replay
+    call, what ``execute`` does after it, and the host's wait for the device at the end (the
+    synchronous TPOT is their sum)."""
+    spent: dict[str, float] = {}
+
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+
+        return call
+
+    class TimedGraph:
+        def __init__(self, graph):
+            self.replay = timed("replay call", graph.replay)
+
+    graphs = runner.graphs
+    saved = dict(graphs._graphs)
+    graphs._graphs = {b: (TimedGraph(g), logits) for b, (g, logits) in saved.items()}
+    runner.check = timed("checks", runner.check)
+    runner.block_tables.fill = timed("block tables", runner.block_tables.fill)
+    graphs.run = timed("graphs.run", graphs.run)
+    blocks = -(-(context + steps + 4) // runner.block_size)
+    tables = [list(range(b * blocks, (b + 1) * blocks)) for b in range(batch)]
+    tokens = random.Random(1)
+    samples: dict[str, list[float]] = {}
+    try:
+        for step in range(steps + 3):
+            chunks = [
+                ScheduledChunk(
+                    b, [tokens.randrange(runner.vocab_size)], context + step, tables[b], True
+                )
+                for b in range(batch)
+            ]
+            torch.cuda.synchronize()
+            spent.clear()
+            start = time.perf_counter()
+            runner.execute(chunks)
+            returned = time.perf_counter()
+            torch.cuda.synchronize()
+            done = time.perf_counter()
+            if step < 3:
+                continue
+            phases = {
+                "checks": spent["checks"],
+                "block tables": spent["block tables"],
+                "run before the replay": spent["graphs.run"] - spent["replay call"],
+                "replay call": spent["replay call"],
+                "execute, the rest": returned
+                - start
+                - spent["checks"]
+                - spent["block tables"]
+                - spent["graphs.run"],
+                "wait for the device": done - returned,
+                "step": done - start,
+            }
+            for name, seconds in phases.items():
+                samples.setdefault(name, []).append(seconds * 1e6)
+        # One more step under the profiler: the host's torch and CUDA API calls by own time.
+        from torch.profiler import ProfilerActivity, profile
+
+        chunks = [
+            ScheduledChunk(b, [0], context + steps + 3, tables[b], True) for b in range(batch)
+        ]
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            runner.execute(chunks)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    finally:
+        del runner.check, runner.block_tables.fill, graphs.run
+        graphs._graphs = saved
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def kernels_by_name(prof) -> dict[str, list[float]]:
     """A torch profiler's CUDA kernels by name: [microseconds, launches]."""
     kernels: dict[str, list[float]] = {}
@@ -288,6 +368,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--kernel-profile", action="store_true", help="GPU time per kernel (graphs included)"
     )
+    parser.add_argument(
+        "--host-profile", action="store_true", help="host time per phase of a replayed step"
+    )
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
 
@@ -342,6 +425,13 @@ def main(argv: list[str] | None = None) -> None:
                 profile_shares(runner, batch, context, 3).items(), key=lambda kv: -kv[1]
             ):
                 print(f"    {op:40s} {100 * share:5.1f}%")
+        if args.host_profile and runner.graphs is not None:
+            batch = max(args.batch)
+            phases = host_phases(runner, batch, context, args.steps)
+            print(f"  host per replayed step, batch {batch}, context {context} (median us):")
+            for name, us in phases.items():
+                print(f"    {name:24s} {us:8.1f}")
+            rows.append({"batch": batch, "context": context, "host_us": phases})
         if args.kernel_profile:
             for batch in sorted({min(args.batch), max(args.batch)}):
                 rows.append(

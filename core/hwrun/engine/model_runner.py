@@ -153,7 +153,9 @@ class ModelRunner:
             [c.start for c in chunks],
             [c.slot(c.start, bs) for c in chunks],
         )
-        return [ChunkLogits(c.seq_id, logits[i : i + 1]) for i, c in enumerate(chunks)]
+        # One split, not a slice per row: 64 Python-level slices were ~0.2 ms of a step's host
+        # time on the H200's host.
+        return [ChunkLogits(c.seq_id, row) for c, row in zip(chunks, logits.split(1), strict=True)]
 
     def _metadata(
         self, chunks: list[ScheduledChunk]
