@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 LINEAR_OP = "dense.linear"  # bf16 activations (transformers' numerics)
 LINEAR_A8W8_OP = "dense.linear_a8w8"  # activations in e4m3 first (DeepSeek's inference numerics)
+FP32_OUT_KERNEL_ROWS = 64  # Fp32Linear: up to this many rows (decode), one Triton launch
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,12 +34,16 @@ class Fp32Linear:
     the indexer's head weights: ``F.linear(x.float(), weight.float())``.
 
     ``weight`` is fp32, or bf16 when :meth:`load` found every value to be a bf16 value on CUDA
-    (checkpoints store both in bf16). Then bf16 ``x`` takes one bf16 GEMM that accumulates and
-    writes fp32 (``torch.mm`` with ``out_dtype``): a product of two bf16 values is exact in fp32,
-    so the sums are the fp32 product's, in the GEMM's own order (as between any two fp32 GEMMs).
-    On the H200 at batch 64 the fp32 path took cuBLAS's SIMT kernel, a split-K sum and a copy of
-    ``x`` to fp32: ~0.3 ms of an 8.5 ms step over its 31 products. Batch-invariant mode keeps
-    the fp32 row-by-row path (a GEMM's blocking, hence its order, follows the row count).
+    (checkpoints store both in bf16). Then bf16 ``x`` is multiplied as bf16 with fp32 sums and
+    an fp32 output: a product of two bf16 values is exact in fp32, so the sums are the fp32
+    product's, in the GEMM's own order (as between any two fp32 GEMMs). The fp32 GEMM took
+    cuBLAS's SIMT kernel, a split-K sum and a copy of ``x`` to fp32 (~0.3 ms of an 8.5 ms step
+    on the H200 at batch 64). Up to ``FP32_OUT_KERNEL_ROWS`` rows (decode) the bf16 product is
+    one Triton launch (kernels/triton/fp32_out_gemm.py, which adds its K splits itself), where
+    cuBLAS (``torch.mm`` with ``out_dtype``) ran a split-K kernel and a second launch for the
+    sum (4.5 + 1.6 us at 64 rows, 31 products a step); more rows (prefill) take that
+    ``torch.mm``. On the CPU the weight stays fp32: ``F.linear`` in fp32. Batch-invariant mode
+    keeps the fp32 row-by-row path (a GEMM's blocking, hence its order, follows the row count).
     """
 
     weight: torch.Tensor  # [out, in]
@@ -54,7 +59,14 @@ class Fp32Linear:
 
     def __call__(self, x: torch.Tensor, row_by_row: bool = False) -> torch.Tensor:
         if self.weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and not row_by_row:
-            flat = torch.mm(x.reshape(-1, x.shape[-1]), self.weight.t(), torch.float32)
+            rows = x.reshape(-1, x.shape[-1])
+            if rows.is_cuda and rows.shape[0] <= FP32_OUT_KERNEL_ROWS:
+                # Imported here: Triton is an optional dependency, absent from CPU-only installs.
+                from hwrun.kernels.triton.fp32_out_gemm import fp32_out_mm
+
+                flat = fp32_out_mm(rows, self.weight)
+            else:
+                flat = torch.mm(rows, self.weight.t(), torch.float32)
             return flat.view(*x.shape[:-1], self.weight.shape[0])
         return Linear(self.weight.float())(x.float(), row_by_row)
 
