@@ -222,6 +222,28 @@ VARIANTS = {
         {**DOWN, "h_ptr": "*fp16"},
         {**MOE_F16, "BLOCK_N": 64, "BLOCK_K": 64, "H_GROUP": 64},
     ),
+    # the decode default since 2f8def2: 16 x 128 tiles, the gate/up split in 4 just over a wave
+    "gateup_f16_wide": (
+        {**GATE_UP, "x_ptr": "*fp16", "h_ptr": "*fp16"},
+        {**MOE_F16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLITS": 4},
+    ),
+    "down_f16_wide": (
+        {**DOWN, "h_ptr": "*fp16"},
+        {**MOE_F16, "BLOCK_N": 128, "BLOCK_K": 128, "H_GROUP": 128},
+    ),
+    # Fp32Linear at decode: bf16 tiles, fp32 sums, the K runs added by the last (8 of 64 rows)
+    "fp32out_split": (
+        {
+            "x_ptr": "*bf16",
+            "w_ptr": "*bf16",
+            "out_ptr": "*fp32",
+            "part_ptr": "*fp32",
+            "count_ptr": "*i32",
+            **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_wn", "stride_split"), "i32"),
+            "k_run": "i32",
+        },
+        {"MMA": "bf16", "BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 128, "SPLITS": 8},
+    ),
 }
 # Triton's default is 4 warps; sparse MLA decode launches 8, and so do the top-k's
 # one-program-per-row kernels by default (select_warps).
@@ -245,6 +267,7 @@ def _compile(variant: str) -> int:
     from triton.compiler import ASTSource
 
     from hwrun.kernels.triton import index_key_tiles
+    from hwrun.kernels.triton.fp32_out_gemm import _fp32_out_mm_kernel
     from hwrun.kernels.triton.indexer_logits import (
         _paged_logits_kernel,
         _persistent_paged_logits_kernel,
@@ -267,6 +290,7 @@ def _compile(variant: str) -> int:
         "gateup": _gate_up_kernel,
         "down": _down_kernel,
         "linear": _linear_kernel,
+        "fp32out": _fp32_out_mm_kernel,
     }
     index_key_tiles.UNPACK_PTX = triton.language.constexpr(True)  # as on a CUDA machine
     signature, constexprs = VARIANTS[variant]
