@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from hwrun.engine.batch import ScheduledChunk
+from hwrun.engine.batch import ScheduledChunk, last_position_logits
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.model_runner import ModelRunner, build_model_runner
 from hwrun.engine.weights import MoEWeights, tensor_bytes
@@ -162,7 +162,7 @@ def time_decode_overlapped(runner: ModelRunner, batch: int, context: int, steps:
         position = context + step
         chunks = [ScheduledChunk(b, [0], position, tables[b], True) for b in range(batch)]
         results = runner.execute(chunks, input_ids=tokens)
-        tokens = torch.stack([r.logits[-1] for r in results]).argmax(-1)
+        tokens = last_position_logits(results).argmax(-1)
         done = torch.cuda.Event()
         done.record()
         if previous is not None:

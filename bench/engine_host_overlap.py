@@ -74,13 +74,17 @@ class EmulatedDeviceRunner:
     def execute(self, chunks, input_ids=None) -> list[ChunkLogits]:
         self.device_free_at = max(time.perf_counter(), self.device_free_at) + self.device_s
         self.steps += 1
-        results = []
+        # One tensor of the step's logits, each chunk naming its row, as the model runner's
+        rows = sum(chunk.needs_logits for chunk in chunks)
+        step = self.logits.expand(rows, -1).clone()
+        step.ready_at = self.device_free_at
+        results, row = [], 0
         for chunk in chunks:
-            logits = None
             if chunk.needs_logits:
-                logits = self.logits.clone()
-                logits.ready_at = self.device_free_at
-            results.append(ChunkLogits(chunk.seq_id, logits))
+                results.append(ChunkLogits(chunk.seq_id, step, range(row, row + 1)))
+                row += 1
+            else:
+                results.append(ChunkLogits(chunk.seq_id, None))
         return results
 
 

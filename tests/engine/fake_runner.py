@@ -70,14 +70,20 @@ class FakeRunner:
             tokens = chunk.token_ids if input_ids is None else [int(input_ids[row])]
             for offset, token in enumerate(tokens):
                 self.pool[self.slot(chunk.block_table, chunk.start + offset)] = token
-        results = []
+        # One tensor of the step's logits, each chunk naming its rows, as the model runner's
+        results, rows = [], []
         for chunk in chunks:
             positions = range(chunk.start, chunk.end) if chunk.all_logits else [chunk.end - 1]
             if not (chunk.needs_logits or chunk.all_logits):
                 results.append(ChunkLogits(chunk.seq_id, None))
                 continue
-            rows = [self.logits_at(chunk.block_table, p) for p in positions]
-            results.append(ChunkLogits(chunk.seq_id, torch.stack(rows)))
+            first = len(rows)
+            rows += [self.logits_at(chunk.block_table, p) for p in positions]
+            results.append(ChunkLogits(chunk.seq_id, None, range(first, len(rows))))
+        step = torch.stack(rows) if rows else None
+        for result in results:
+            if result.rows:
+                result.step_logits = step
         return results
 
     def logits_at(self, block_table: list[int], position: int) -> torch.Tensor:

@@ -158,4 +158,9 @@ class DecodeGraphs:
             self.input_ids[:batch].copy_(input_ids)
         graph, logits = self._graphs[bucket]
         graph.replay()
+        # The copy stays: the next replay overwrites the graph's buffer, and the engine reads a
+        # step's logits after queuing the next one (async scheduling computes a step's logprobs
+        # once the step after it is launched) or keeps them (tests compare steps). It is the
+        # only copy of the rows: the chunks name their rows of it, and the sampler takes it
+        # whole (batch.last_position_logits).
         return logits[:batch].clone()

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from hwrun.engine import sampler
-from hwrun.engine.batch import ChunkLogits, ScheduledChunk
+from hwrun.engine.batch import ChunkLogits, ScheduledChunk, last_position_logits
 from hwrun.engine.block_manager import BlockManager
 from hwrun.engine.config import EngineConfig
 from hwrun.engine.errors import PromptError
@@ -231,7 +231,7 @@ class LLMEngine:
         # be launched before they reach the host (each request's generator draws in the same
         # order as when sampled at read time).
         if self.async_scheduling and all(c.is_decode and c.needs_logits for c in chunks):
-            rows = torch.stack([result.logits[-1] for result in results])
+            rows = last_position_logits(results)  # the step's own tensor: no copy, no views
             tokens = sampler.sample_on_device(
                 rows, [seq.params for seq in seqs], [seq.generator(rows.device) for seq in seqs]
             )
@@ -272,7 +272,7 @@ class LLMEngine:
     def _sample(self, launched: _Launched) -> list[RequestOutput]:
         """Sample (or read) each due row's token, append it and check the stop conditions."""
         due = [
-            (row, seq, result.logits[-1])
+            (row, seq, result)
             for row, (seq, chunk, result) in enumerate(
                 zip(launched.seqs, launched.chunks, launched.results, strict=True)
             )
@@ -280,15 +280,18 @@ class LLMEngine:
         ]
         if not due:
             return []
-        rows = [logits for _, _, logits in due]
         params = [seq.params for _, seq, _ in due]
         if launched.tokens is None:  # sampled now
-            generators = [seq.generator(rows[0].device) for _, seq, _ in due]
-            tokens, logprobs = sampler.sample(torch.stack(rows), params, generators)
+            rows = last_position_logits([result for _, _, result in due])
+            generators = [seq.generator(rows.device) for _, seq, _ in due]
+            tokens, logprobs = sampler.sample(rows, params, generators)
         else:  # sampled at launch (async scheduling)
             launched_tokens = launched.host_tokens.tolist()
             tokens = [launched_tokens[row] for row, _, _ in due]
-            logprobs = sampler.token_logprobs(rows, tokens, params)
+            logprobs = [None] * len(due)
+            if any(p.logprobs is not None for p in params):
+                rows = last_position_logits([result for _, _, result in due])
+                logprobs = sampler.token_logprobs(rows, tokens, params)
         outputs = []
         for (_, seq, _), token, token_logprobs in zip(due, tokens, logprobs, strict=True):
             self._append_token(seq, token, token_logprobs)

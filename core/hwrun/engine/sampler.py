@@ -90,25 +90,32 @@ def sample_on_device(
     """Next token of each row of ``logits`` ``[R, V]`` as an int64 tensor on their device,
     nothing read back (the engine's async scheduling feeds it to the next step): each request's
     generator draws here, once per token, as :func:`sample` does."""
+    if len(params) != logits.shape[0]:
+        raise ValueError(f"{logits.shape[0]} rows of logits for {len(params)} requests")
     logits = logits.float()
     # Argmax is exact (a max, no rounding), so the greedy rows take one argmax over the batch
     # without depending on it.
     tokens = torch.argmax(logits, dim=-1)
-    for i, (row, row_params) in enumerate(zip(logits, params, strict=True)):
-        if not row_params.greedy:
-            tokens[i] = _row_token(row, row_params, generators[i])
+    for i, row_params in enumerate(params):
+        if not row_params.greedy:  # a row taken only here: no view per greedy row
+            tokens[i] = _row_token(logits[i], row_params, generators[i])
     return tokens
 
 
 def token_logprobs(
     logits: torch.Tensor, tokens: list[int], params: list[SamplingParams]
 ) -> list[Logprobs | None]:
-    """The logprobs of each row's chosen token where its request asks for them."""
+    """The logprobs of each row's chosen token where its request asks for them (``logits``
+    ``[R, V]``; a row is taken only for a request that asks)."""
+    if not len(tokens) == len(params) == logits.shape[0]:
+        raise ValueError(
+            f"{logits.shape[0]} rows of logits, {len(tokens)} tokens, {len(params)} requests"
+        )
     return [
         None
         if row_params.logprobs is None
-        else top_logprobs(torch.log_softmax(row.float(), dim=-1), token, row_params.logprobs)
-        for row, token, row_params in zip(logits, tokens, params, strict=True)
+        else top_logprobs(torch.log_softmax(logits[i].float(), dim=-1), token, row_params.logprobs)
+        for i, (token, row_params) in enumerate(zip(tokens, params, strict=True))
     ]
 
 
