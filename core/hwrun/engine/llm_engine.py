@@ -21,7 +21,6 @@ sequences that ended meanwhile (eos, a stop, an abort) are dropped.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import random
 import time
@@ -333,7 +332,7 @@ class LLMEngine:
             prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
             outputs=[completion],
             finished=seq.is_finished,
-            metrics=copy.copy(seq.metrics),  # a snapshot; dataclasses.replace cost 4x
+            metrics=seq.metrics.snapshot(),
         )
 
     def _collect_prompt_logprobs(
