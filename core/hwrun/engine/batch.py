@@ -67,14 +67,17 @@ class ChunkLogits:
 
 def last_position_logits(results: list[ChunkLogits]) -> torch.Tensor:
     """``[len(results), V]``: row i is the logits of ``results[i]``'s last position (each has
-    logits). When they are rows of one step's tensor, taken in one operation: the tensor itself
-    or a slice of it (no copy) when they are consecutive rows, else one ``index_select``;
-    otherwise (a runner that gives each chunk its own tensor) stacked."""
+    logits), laid out as a stack of those rows would be (row i at ``i * V`` of its storage's
+    start): CUDA's softmax splits a row for its vectorized loads by the row's address
+    alignment, so the order it adds the row in can depend on where the row starts, and a
+    sampled token or its logprobs must not change with how the rows were gathered. When
+    they are rows of one step's tensor, in one operation: the tensor itself or a leading slice
+    of it (no copy) when they are its first rows in order, else one ``index_select``; otherwise
+    (a runner that gives each chunk its own tensor) stacked."""
     step = results[0].step_logits
     if any(result.step_logits is not step for result in results):
         return torch.stack([result.logits[-1] for result in results])
     last = [result.rows.stop - 1 for result in results]
-    first = last[0]
-    if last == list(range(first, first + len(last))):
-        return step if len(last) == step.shape[0] else step[first : first + len(last)]
+    if last == list(range(len(last))):
+        return step if len(last) == step.shape[0] else step[: len(last)]
     return step.index_select(0, to_device(last, torch.int64, step.device))

@@ -289,7 +289,8 @@ class LLMEngine:
             tokens = [launched_tokens[row] for row, _, _ in due]
             logprobs = [None] * len(due)
             if any(p.logprobs is not None for p in params):
-                rows = last_position_logits([result for _, _, result in due])
+                # Each row where its step's tensor holds it, as launched steps always read them
+                rows = [result.logits[-1] for _, _, result in due]
                 logprobs = sampler.token_logprobs(rows, tokens, params)
         outputs = []
         for (_, seq, _), token, token_logprobs in zip(due, tokens, logprobs, strict=True):

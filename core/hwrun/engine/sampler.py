@@ -103,13 +103,13 @@ def sample_on_device(
 
 
 def token_logprobs(
-    logits: torch.Tensor, tokens: list[int], params: list[SamplingParams]
+    logits: torch.Tensor | list[torch.Tensor], tokens: list[int], params: list[SamplingParams]
 ) -> list[Logprobs | None]:
     """The logprobs of each row's chosen token where its request asks for them (``logits``
-    ``[R, V]``; a row is taken only for a request that asks)."""
-    if not len(tokens) == len(params) == logits.shape[0]:
+    ``[R, V]``, or its R rows; a row is taken only for a request that asks)."""
+    if not len(tokens) == len(params) == len(logits):
         raise ValueError(
-            f"{logits.shape[0]} rows of logits, {len(tokens)} tokens, {len(params)} requests"
+            f"{len(logits)} rows of logits, {len(tokens)} tokens, {len(params)} requests"
         )
     return [
         None
