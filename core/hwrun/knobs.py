@@ -37,6 +37,11 @@ KNOBS: dict[str, str] = {
     "second stream, alongside the DSA indexer's logits and top-k on the first (CUDA graphs "
     "capture both). 0 (also false, no, off): one stream. Any other value is refused. Not in "
     "batch-invariant mode.",
+    "HWRUN_TRITON_PDL": "1 (default; also true, yes, on): on NVIDIA Hopper and later, hwrun's "
+    "Triton kernels launch with programmatic dependent launch: each may start while the kernel "
+    "before it in the stream finishes, and waits for it before touching the step's data (CUDA "
+    "graphs keep the overlap). 0 (also false, no, off): plain launches. Any other value is "
+    "refused.",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
     "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "
     "(slow: for CI and debugging; vendor-library adapters still need their device). Triton reads "
@@ -113,6 +118,10 @@ def torch_compile() -> bool:
 
 def decode_side_stream() -> bool:
     return _strict_flag("HWRUN_DECODE_SIDE_STREAM", True)
+
+
+def triton_pdl() -> bool:
+    return _strict_flag("HWRUN_TRITON_PDL", True)
 
 
 def triton_interpret() -> bool:

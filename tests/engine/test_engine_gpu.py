@@ -208,6 +208,35 @@ def test_decode_side_stream_gives_the_one_stream_logits(plugins, checkpoint, mon
         assert torch.equal(logits["1", graphs], logits["0", graphs])
 
 
+def test_programmatic_dependent_launch_gives_the_plain_launch_logits(
+    plugins, checkpoint, monkeypatch
+):
+    """hwrun's Triton kernels launched with PDL (HWRUN_TRITON_PDL, the default on Hopper) start
+    before the kernel ahead finishes and wait for it (kernels/triton/pdl.py): the same kernels
+    on the same inputs, so the same logits bit for bit as plain launches, eagerly and in
+    graphs, with the side stream and without. A kernel that read its inputs before the wait
+    would race with the kernel writing them and give other logits (or others on a repeat)."""
+    prompt = _prompt(checkpoint.config.vocab_size)
+    flags = dict(model=str(checkpoint.path), num_kv_tokens=16 * 64, max_model_len=1024)
+    flags |= dict(kv_cache_dtype="fp8_ds_mla", index_dtype="fp8", max_num_seqs=8)
+    logits = {}
+    for side in ("0", "1"):
+        monkeypatch.setenv("HWRUN_DECODE_SIDE_STREAM", side)
+        for pdl in ("0", "1"):
+            monkeypatch.setenv("HWRUN_TRITON_PDL", pdl)
+            for graphs in (False, True):
+                runner = _runner(plugins, platform="nvidia", cuda_graphs=graphs, **flags)
+                if graphs and runner.graphs is None:
+                    pytest.skip(f"decode graphs not captured: {runner.cuda_graphs_status}")
+                logits[side, pdl, graphs] = _logits(runner, prompt, [3, 8, 11])
+                if pdl == "1":  # a race would rarely give the same bits twice
+                    again = _logits(runner, prompt, [3, 8, 11])
+                    assert torch.equal(again, logits[side, pdl, graphs])
+    for side in ("0", "1"):
+        for graphs in (False, True):
+            assert torch.equal(logits[side, "1", graphs], logits[side, "0", graphs])
+
+
 def test_batch_invariant_mode_on_the_gpu(plugins, checkpoint):
     flags = dict(model=str(checkpoint.path), platform="nvidia", num_kv_tokens=64 * 64)
     flags |= dict(max_model_len=1024, batch_invariant=True)

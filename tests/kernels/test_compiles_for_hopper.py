@@ -245,6 +245,16 @@ VARIANTS = {
         {"MMA": "bf16", "BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 128, "SPLITS": 8},
     ),
 }
+# Programmatic dependent launch (pdl.py): the grid-dependency wait and signal, and the weight
+# kernels' L2 prefetch before the wait (inline PTX the interpreter never sees).
+PDL_VARIANTS = {
+    "linear_a8w8_tma_pdl": ("linear_a8w8_tma", {"PDL": True, "PREFETCH_LINES": 4}),
+    "fp32out_split_pdl": ("fp32out_split", {"PDL": True, "PREFETCH_LINES": 8}),
+    "gateup_f16_wide_pdl": ("gateup_f16_wide", {"PDL": True}),
+    "select_early_pdl": ("select_early", {"PDL": True}),
+}
+for _name, (_base, _extra) in PDL_VARIANTS.items():
+    VARIANTS[_name] = (VARIANTS[_base][0], {**VARIANTS[_base][1], **_extra})
 # Triton's default is 4 warps; sparse MLA decode launches 8, and so do the top-k's
 # one-program-per-row kernels by default (select_warps).
 NUM_WARPS = {
@@ -303,10 +313,21 @@ def _compile(variant: str) -> int:
     for name in ("WIDE", "MMA"):
         if constexprs.get(name) in wide:
             constexprs[name] = wide[constexprs[name]]
+    fn = kernel[variant.split("_")[0]]
+    for param in fn.params:  # constexprs left at their defaults (PDL off, no prefetch)
+        if param.is_constexpr and param.name not in constexprs and param.has_default:
+            constexprs[param.name] = param.default
     signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
-    source = ASTSource(kernel[variant.split("_")[0]], signature, constexprs)
-    options = {"num_warps": NUM_WARPS.get(variant, 4)}
-    return len(triton.compile(source, GPUTarget("cuda", 90, 32), options).asm["cubin"])
+    source = ASTSource(fn, signature, constexprs)
+    options = {"num_warps": NUM_WARPS.get(variant.removesuffix("_pdl"), 4)}
+    compiled = triton.compile(source, GPUTarget("cuda", 90, 32), options)
+    ptx = compiled.asm["ptx"]
+    for marker in PTX_MARKERS:
+        print(marker, marker in ptx)
+    return len(compiled.asm["cubin"])
+
+
+PTX_MARKERS = ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "prefetch.global.L2")
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -318,6 +339,13 @@ def test_compiles_for_sm90(variant):
     )
     assert child.returncode == 0, child.stderr[-3000:]
     assert int(child.stdout.split()[-1]) > 0
+    found = {line.split()[0] for line in child.stdout.splitlines() if line.endswith(" True")}
+    # Without PDL none of its instructions; with it the wait and the signal, and the prefetch
+    # exactly in the kernels that prefetch weights.
+    pdl = VARIANTS[variant][1].get("PDL", False)
+    prefetch = VARIANTS[variant][1].get("PREFETCH_LINES", 0) > 0
+    expected = {"griddepcontrol.wait", "griddepcontrol.launch_dependents"} if pdl else set()
+    assert found == expected | ({"prefetch.global.L2"} if pdl and prefetch else set())
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_reasons
 from hwrun_nvidia.device_checks import cuda_reasons, importable
 
@@ -75,7 +76,9 @@ def _lse_to_contract(
     D: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     bs = tl.program_id(0)  # (b, s) in the contract's order; its H heads together
     s = bs % S
     b = bs // S
@@ -104,7 +107,7 @@ def lse_to_contract(
     block_d = min(64, triton.next_power_of_2(width))
     _lse_to_contract[(batch * s,)](
         out, lse.contiguous(), lse_out, s, heads, D=width,
-        BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=block_d,
+        BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=block_d, **pdl_options(out.device),
     )  # fmt: skip
     return lse_out
 

@@ -21,6 +21,7 @@ import triton.language as tl
 from hwrun.formats.fp8 import BLOCK
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.kv_write import e4m3_bits, pow2_bits
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 
 GROUPS_PER_PROGRAM = 8
 
@@ -34,7 +35,9 @@ def _quantize_rows_kernel(
     stride_x,
     UE8M0: tl.constexpr,
     GROUPS: tl.constexpr,  # groups per program, a power of two
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     col = g[:, None] * 128 + tl.arange(0, 128)[None, :]
@@ -76,6 +79,7 @@ def quantize_activations(
         x = x.contiguous()
     groups = min(GROUPS_PER_PROGRAM, triton.next_power_of_2(c // BLOCK))
     _quantize_rows_kernel[(t, triton.cdiv(c // BLOCK, groups))](
-        x, codes, scales, c, x.stride(0), UE8M0=ue8m0, GROUPS=groups, num_warps=4
+        x, codes, scales, c, x.stride(0), UE8M0=ue8m0, GROUPS=groups, num_warps=4,
+        **pdl_options(x.device),
     )  # fmt: skip
     return codes, scales

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 
 GROUP = 128  # the K step of every kernel that reads these tiles divides it
 # Weight formats whose codes (e4m3) are exact in f16, so f16 products apply to them.
@@ -47,8 +48,10 @@ def _rows_to_f16_kernel(
     scale_ptr,  # [T, ceil(D / GROUP)] fp32
     D,
     GROUP_SIZE: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     """One row's one column group."""
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1)
     cols = group * GROUP_SIZE + tl.arange(0, GROUP_SIZE)
@@ -68,5 +71,7 @@ def rows_to_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = torch.empty(tokens, groups, dtype=torch.float32, device=x.device)
     if tokens:
         prepare_launch()
-        _rows_to_f16_kernel[(tokens, groups)](x.contiguous(), out, scales, hidden, GROUP)
+        _rows_to_f16_kernel[(tokens, groups)](
+            x.contiguous(), out, scales, hidden, GROUP, **pdl_options(x.device)
+        )
     return out, scales

@@ -31,6 +31,12 @@ import triton.language as tl
 from hwrun import knobs
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.pdl import (
+    pdl_options,
+    prefetch_lines,
+    prefetch_to_l2,
+    wait_for_previous_kernel,
+)
 from hwrun.kernels.triton.split_counters import zeroed_counters
 
 MIN_BLOCK = 16  # the matrix units' smallest tile side
@@ -96,6 +102,8 @@ def _fp32_out_mm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLITS: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr = 0,  # with PDL: 128-byte lines of each weight row put in L2
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -106,9 +114,16 @@ def _fp32_out_mm_kernel(
     n_mask = n < N
     x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     k_begin = split * k_run
-    for k0 in range(k_begin, tl.minimum(K, k_begin + k_run), BLOCK_K):
+    k_end = tl.minimum(K, k_begin + k_run)
+    if PREFETCH_LINES > 0:
+        # This program's run of its weight rows (no kernel writes weights), fetched while the
+        # kernel ahead finishes.
+        col = k_begin + tl.arange(0, PREFETCH_LINES) * 64  # bf16: 64 a 128-byte line
+        prefetch_to_l2(w_rows + col[None, :], n_mask[:, None] & (col < k_end)[None, :], PDL)
+    wait_for_previous_kernel(PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_mask = kk < K
         a = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
@@ -197,10 +212,12 @@ def fp32_out_mm(
         counts = zeroed_counters(grid[0] * grid[1], x.device)
     else:  # never read
         partials = counts = out
+    pdl = pdl_options(x.device)
     _fp32_out_mm_kernel[grid](
         x, weight, out, partials, counts, m, n, k, x.stride(0), weight.stride(0), m * n,
         steps_per_run * tiles.block_k, MMA=wide_dtype(), BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SPLITS=splits,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        PREFETCH_LINES=prefetch_lines(steps_per_run * tiles.block_k * 2) if pdl else 0,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl,
     )  # fmt: skip
     return out

@@ -31,6 +31,7 @@ from hwrun.kernels.triton.index_key_tiles import (
     wide_dtype,
 )
 from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 
 KEY_FORMATS = {"fp8": (FMT_FP8, 128, 4), "mxfp4": (FMT_MXFP4, 64, 4)}  # code, elem B, scale B
 HEAD_DIM = 128
@@ -192,8 +193,10 @@ def _paged_logits_kernel(
     SPLITS,
     FOLD: tl.constexpr,
     TMA: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     """The split grid: program (b, split) takes steps split, split + SPLITS, ... of request b."""
+    wait_for_previous_kernel(PDL)
     b = tl.program_id(0)
     split = tl.program_id(1)
     key_desc = _key_descriptor(cache_ptr, key_rows, BLOCK_SIZE, TMA)
@@ -261,11 +264,13 @@ def _persistent_paged_logits_kernel(
     FOLD: tl.constexpr,
     TMA: tl.constexpr,
     BP: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     """The persistent grid: every request's key steps laid end to end, each program scores an
     equal, contiguous share of them (so equal bytes of keys, whatever the lengths; a share
     crossing requests is one run of steps per request), then fills its share of the -inf steps
     the same way. Each program reads every request's lengths to find its share."""
+    wait_for_previous_kernel(PDL)
     program = tl.program_id(0)
     programs = tl.num_programs(0)
     key_desc = _key_descriptor(cache_ptr, key_rows, BLOCK_SIZE, TMA)
@@ -449,7 +454,9 @@ def logits_paged(
         use_torch_allocator()
     if persistent:
         programs = min(B * triton.cdiv(num_ctx_blocks, step), sms * programs_per_sm)
-        _persistent_paged_logits_kernel[(programs,)](*args, B, BP=triton.next_power_of_2(B), **meta)
+        _persistent_paged_logits_kernel[(programs,)](
+            *args, B, BP=triton.next_power_of_2(B), **meta, **pdl_options(q.device)
+        )
         return out
     if splits is None:
         # ~8 programs per multiprocessor, 16 with tensor-descriptor pages (the best of grids on
@@ -458,7 +465,7 @@ def logits_paged(
         # slower with 1-2 blocks per program).
         per_sm = 16 if tma else 8
         splits = max(1, min(triton.cdiv(num_ctx_blocks, 4 * step), triton.cdiv(per_sm * sms, B)))
-    _paged_logits_kernel[(B, splits)](*args, SPLITS=splits, **meta)
+    _paged_logits_kernel[(B, splits)](*args, SPLITS=splits, **meta, **pdl_options(q.device))
     return out
 
 
@@ -483,7 +490,9 @@ def _ragged_logits_kernel(
     Q_FP8: tl.constexpr,
     WIDE: tl.constexpr,
     FOLD: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n64 = n.to(tl.int64)
     n_mask = n < N
@@ -577,5 +586,6 @@ def logits_ragged(
         WIDE=wide_dtype(),
         FOLD=fold_groups and code == FMT_MXFP4,
         num_warps=num_warps,
+        **pdl_options(q.device),
     )
     return out

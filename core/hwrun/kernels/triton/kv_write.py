@@ -14,6 +14,7 @@ import triton.language as tl
 
 from hwrun.kernels.triton.indexer_logits import KEY_FORMATS
 from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 
 LATENT_FMTS = {"bf16": (0, 1152), "fp8_ds_mla": (1, 656)}
 
@@ -70,7 +71,9 @@ def _write_index_keys_kernel(
     FMT: tl.constexpr,
     ELEM_BYTES: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     slot = tl.load(slots_ptr + t, mask=t < T, other=-1).to(tl.int64)
     ok = slot >= 0
@@ -122,7 +125,9 @@ def _write_latent_kernel(
     nope_stride,
     rope_stride,
     FP8: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     t = tl.program_id(0)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     if slot >= 0:
@@ -192,6 +197,7 @@ def write_index_keys(
         ELEM_BYTES=elem_bytes,
         BLOCK_T=block_t,
         num_warps=4,
+        **pdl_options(cache.device),
     )
 
 
@@ -239,4 +245,5 @@ def write_latent(
         rope.stride(0),
         FP8=code == 1,
         num_warps=4,
+        **pdl_options(cache.device),
     )

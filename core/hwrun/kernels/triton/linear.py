@@ -69,6 +69,12 @@ from hwrun.kernels.triton.descriptors import (
 from hwrun.kernels.triton.f16_rows import F16_WEIGHT_FORMATS, rows_to_f16
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.pdl import (
+    pdl_options,
+    prefetch_lines,
+    prefetch_to_l2,
+    wait_for_previous_kernel,
+)
 from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, weight_scales, weight_tile
 from hwrun.ops.linear import check_linear_a8w8_args, check_linear_args
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
@@ -87,6 +93,9 @@ PARTIAL_TRAFFIC_DIVISOR = 16
 # decode tiles, 4 stages): at 64 rows on the H200 (2026-12-03) o_proj 18.2 -> 16.4 us,
 # q_b+wq_b 16.9 -> 14.7, q_a+wk+kv_a 11.5 -> 11.2. Fewer rows: untimed.
 TMA_ROWS = (33, DECODE_ROWS)
+# With PDL (pdl.py): K steps of each program's weight rows prefetched to L2 before the wait
+# for the kernel ahead (the activation quantizer, for dense.linear_a8w8).
+PREFETCH_K_STEPS = 4
 NARROW_N = 2048  # up to this many output columns decode tiles are 32 wide (more programs)
 
 
@@ -225,6 +234,8 @@ def _linear_kernel(
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
     TMA: tl.constexpr,  # A_FP8 over e4m3 weights: both tiles through tensor descriptors
+    PREFETCH_LINES: tl.constexpr = 0,  # with PDL: 128-byte lines of each weight row put in L2
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     # Grouped order: GROUP_M row blocks take the weight's column tiles in turn together.
     pid = tl.program_id(0)
@@ -244,6 +255,15 @@ def _linear_kernel(
     x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
     k_begin = split * k_per_split
     k_end = tl.minimum(K, k_begin + k_per_split)
+    if PREFETCH_LINES > 0:
+        # The first K steps of this program's weight rows (no kernel writes weights), fetched
+        # while the kernel ahead finishes.
+        per_line: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth
+        col = k_begin + tl.arange(0, PREFETCH_LINES) * per_line
+        lines = w_ptr + n.to(tl.int64)[:, None] * stride_wn + col[None, :]
+        prefetch_to_l2(lines, n_mask[:, None] & (col < k_end)[None, :], PDL)
+    # Before any descriptor is built: its global scratch may be memory the kernel ahead used.
+    wait_for_previous_kernel(PDL)
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     else:
@@ -316,7 +336,9 @@ def _sum_splits_kernel(
     stride_om,
     SPLIT_K: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = n < N
@@ -436,6 +458,7 @@ def _launch(
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split)
     if tiles.tma and x.is_cuda:
         use_torch_allocator()
+    pdl = pdl_options(x.device)
     _linear_kernel[grid](
         x, x_scales if scaled_a else x, data, scales, partials, m, n, k,
         x.stride(0), x_scales.stride(0) if scaled_a else 0, data.stride(0),
@@ -445,11 +468,14 @@ def _launch(
         FORMAT=FORMAT_CODES[weight.format], A_FP8=a_fp8, SCALED_A=scaled_a, MMA=mma,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab, TMA=tiles.tma,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        PREFETCH_LINES=prefetch_lines(
+            min(PREFETCH_K_STEPS, steps_per_split) * tiles.block_k * data.element_size()
+        ) if pdl else 0,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl,
     )  # fmt: skip
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))
         _sum_splits_kernel[(m, triton.cdiv(n, block))](
-            partials, out, m, n, out.stride(0), SPLIT_K=split, BLOCK=block
+            partials, out, m, n, out.stride(0), SPLIT_K=split, BLOCK=block, **pdl
         )
     return out

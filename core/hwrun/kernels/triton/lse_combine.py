@@ -14,6 +14,7 @@ import triton.language as tl
 
 from hwrun import knobs
 from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 
 
 @triton.jit
@@ -30,7 +31,9 @@ def _lse_combine_kernel(
     HAS_SINK: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     p_mask = p < P
     d = tl.arange(0, BLOCK_D)
@@ -95,6 +98,7 @@ def combine_parts(
         BLOCK_P=block_p,
         BLOCK_D=block_d,
         num_warps=4,
+        **pdl_options(out.device),
     )
     return out, lse
 

@@ -60,6 +60,7 @@ from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.linear import multiprocessors
 from hwrun.kernels.triton.moe_align import ExpertLayout, align_by_expert
 from hwrun.kernels.triton.moe_kernels import _combine_kernel, _down_kernel, _gate_up_kernel
+from hwrun.kernels.triton.pdl import pdl_options
 from hwrun.kernels.triton.split_counters import zeroed_counters
 from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, WEIGHT_FORMATS
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
@@ -252,7 +253,7 @@ def _swiglu_grouped(
         x, x_scales, data, scales, shared_data, shared_scales, layout.sorted_slots,
         layout.block_expert, h, h_scales, parts, counts, hidden, inter, layout.routed_slots,
         top_k, group_e, we, wn, se, sn, FORMAT=FORMAT_CODES[w13.format], BLOCK_K=tiles.block_k,
-        SPLITS=splits, **common,
+        SPLITS=splits, **common, **pdl_options(x.device),
     )  # fmt: skip
     data, scales, we, wn, se, sn = _weight_args(w2)
     shared_data, shared_scales = _weight_args(shared[1])[:2] if shared else (data, scales)
@@ -262,6 +263,7 @@ def _swiglu_grouped(
         h, h_scales, data, scales, shared_data, shared_scales, layout.sorted_slots,
         layout.block_expert, route, out, hidden, inter, layout.routed_slots, group_e, we, wn, se,
         sn, FORMAT=FORMAT_CODES[w2.format], BLOCK_K=down_k, H_GROUP=tiles.block_n, **common,
+        **pdl_options(x.device),
     )  # fmt: skip
     return out
 
@@ -367,5 +369,6 @@ def experts(
         top_k,
         HAS_SHARED=shared_experts is not None,
         BLOCK_D=block_d,
+        **pdl_options(out.device),
     )
     return out

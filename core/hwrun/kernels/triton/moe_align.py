@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,12 @@ def _align_kernel(
     BLOCK_M: tl.constexpr,
     BINS: tl.constexpr,  # a power of two >= E + 2: bins 0..E for the groups, the last unserved
     CHUNK: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     """Program g < num_groups writes group g's run (its slots in flat order, then -1 padding)
     and its blocks' group; the last program marks the blocks after every run. Each program
     counts every group itself (a histogram of all ids), so one launch needs no grid sync."""
+    wait_for_previous_kernel(PDL)
     g = tl.program_id(0)
     bins = tl.arange(0, BINS)
     counts = tl.zeros((BINS,), tl.int32)
@@ -136,5 +139,6 @@ def align_by_expert(
         BLOCK_M=block_m,
         BINS=triton.next_power_of_2(num_experts + 2),
         CHUNK=256,
+        **pdl_options(flat_ids.device),
     )
     return layout

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.f16_rows import to_scaled_f16
+from hwrun.kernels.triton.pdl import wait_for_previous_kernel
 from hwrun.kernels.triton.weight_tiles import int4_product, weight_tile
 
 
@@ -80,7 +81,9 @@ def _gate_up_kernel(
     BLOCK_K: tl.constexpr,
     F16: tl.constexpr,
     SPLITS: tl.constexpr,  # programs per (row block, I tile), each over a run of K steps
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert < 0:
@@ -194,7 +197,9 @@ def _down_kernel(
     BLOCK_K: tl.constexpr,
     F16: tl.constexpr,
     H_GROUP: tl.constexpr,  # columns of h under one scale (the gate/up launch's BLOCK_N)
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert < 0:
@@ -256,7 +261,9 @@ def _combine_kernel(
     top_k,
     HAS_SHARED: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_mask = d < D

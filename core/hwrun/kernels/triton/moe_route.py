@@ -30,6 +30,7 @@ import triton.language as tl
 
 from hwrun import knobs
 from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 from hwrun.ops.moe_route import RENORMALIZE_EPS, route_arg_problems
 
 # A token's padded [G, S] tile lives in registers; past this many lanes (E = 8192 ungrouped)
@@ -61,7 +62,9 @@ def _route_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     g = tl.arange(0, BLOCK_G)
     s = tl.arange(0, BLOCK_S)
@@ -206,5 +209,6 @@ def route(
         BLOCK_S=block_s,
         BLOCK_K=triton.next_power_of_2(top_k),
         num_warps=1 if lanes <= 512 else 4,
+        **pdl_options(router_logits.device),
     )
     return weights, ids

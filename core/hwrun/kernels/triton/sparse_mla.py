@@ -26,6 +26,7 @@ import triton.language as tl
 from hwrun.kernels.triton.index_key_tiles import padded_heads, wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.lse_combine import combine_parts
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 
 LATENT_ROW_BYTES = {"bf16": 1152, "fp8_ds_mla": 656}
 ROW_KINDS = {"fp8_ds_mla": 0, "bf16": 1}  # the kernel's ROW: how a key row is stored
@@ -130,7 +131,9 @@ def _sparse_mla_decode_kernel(
     BLOCK_N: tl.constexpr,
     V_PARTS: tl.constexpr,
     BF16_POSITION: tl.constexpr,  # e4m3 decoded by moving bits (ROW 0 only)
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     r = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     split = tl.program_id(2)
@@ -283,6 +286,7 @@ def _attend(
         BF16_POSITION=bf16_position,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_options(q.device),
     )
     if direct:
         return part_out[0], part_lse[0]

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from hwrun import knobs
 from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 from hwrun.ops.topk import to_slots_arg_problems
 
 
@@ -41,7 +42,9 @@ def _to_slots_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     row_in = r < R
@@ -108,5 +111,6 @@ def to_slots(
         BLOCK_R=block_r,
         BLOCK_K=block_k,
         num_warps=4,
+        **pdl_options(indices.device),
     )
     return slots

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 
 RADIX_BITS = 8
 NUM_BINS = 1 << RADIX_BITS
@@ -89,7 +90,9 @@ def _histogram_pass(
     chunk,
     PASS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     start = tl.load(starts_ptr + row)
@@ -142,10 +145,12 @@ def _gather_pass(
     BLOCK: tl.constexpr,
     K_BLOCK: tl.constexpr,
     LAST: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     """Keys above the threshold prefix go anywhere in [0, k - remaining), keys at it after
     them, at slots reserved from a per-row atomic counter (the contract compares sets). When the
     threshold is a full key with more ties than slots, _tie_pass places the ties instead."""
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     start = tl.load(starts_ptr + row)
@@ -297,7 +302,9 @@ def topk(
     args = (logits, starts_c, ends_c, state, hist, logits.stride(0), R, L, k)
     prepare_launch()
     for p in range(PASSES):
-        _histogram_pass[(R, chunks)](*args, chunk, PASS=p, BLOCK=block, num_warps=num_warps)
+        _histogram_pass[(R, chunks)](
+            *args, chunk, PASS=p, BLOCK=block, num_warps=num_warps, **pdl_options(logits.device)
+        )
     counters = torch.zeros((R, 2), dtype=torch.int32, device=logits.device)
     _gather_pass[(R, chunks)](
         *args[:5],
@@ -309,5 +316,6 @@ def topk(
         K_BLOCK=min(triton.next_power_of_2(k), 4096),
         LAST=PASSES - 1,
         num_warps=num_warps,
+        **pdl_options(logits.device),
     )
     return out

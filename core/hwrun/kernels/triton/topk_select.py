@@ -10,6 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hwrun.kernels.triton.pdl import wait_for_previous_kernel
 from hwrun.kernels.triton.topk import radix_select_row
 
 
@@ -232,7 +233,9 @@ def select_candidates(
     RADIX: tl.constexpr,
     EARLY: tl.constexpr,
     RADIX_BITS: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     start, end = window(starts_ptr, ends_ptr, row, L)
     out_row = out_ptr + row * k

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from hwrun.kernels.triton.interpreter import prepare_launch
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 from hwrun.kernels.triton.topk import _sortable_key, checked_args
 from hwrun.kernels.triton.topk import topk as radix_topk
 from hwrun.kernels.triton.topk_select import (
@@ -77,7 +78,9 @@ def _segment_max(
     M: tl.constexpr,
     LEVELS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     lo = tl.program_id(1) * BLOCK
     start, end = window(starts_ptr, ends_ptr, row, L)
@@ -119,7 +122,9 @@ def _threshold(
     RADIX: tl.constexpr,
     EARLY: tl.constexpr,
     RADIX_BITS: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     start, end = window(starts_ptr, ends_ptr, row, L)
     tl.store(count_ptr + row, 0)
@@ -164,7 +169,9 @@ def _compact(
     LEVELS: tl.constexpr,
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     start, end = window(starts_ptr, ends_ptr, row, L)
@@ -224,11 +231,13 @@ def _compact_live(
     LEVELS: tl.constexpr,
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     """_compact over the live segments' columns only: position q of the row's live space is
     column ``q mod 2**level`` of live segment ``q >> level``. Each tile is all live columns (a
     quarter of a 131072-column row in ~9 tiles of 4096, where _compact scans 128 tiles of
     1024), and no column gathers its segment's maximum."""
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     parts = tl.num_programs(1)
@@ -404,7 +413,17 @@ def _run(
     warps, select_warps = tiles.num_warps, tiles.select_warps
     prepare_launch()
     _segment_max[(R, cdiv(width, seg_block))](
-        logits, *rows, seg_max, stride, L, k, M, levels, seg_block, num_warps=warps
+        logits,
+        *rows,
+        seg_max,
+        stride,
+        L,
+        k,
+        M,
+        levels,
+        seg_block,
+        num_warps=warps,
+        **pdl_options(logits.device),
     )
     early = tiles.early_exit and not (tiles.search_pairs or tiles.radix_search)
     search = (tiles.search_pairs, tiles.radix_search, early, tiles.radix_bits)
@@ -417,21 +436,22 @@ def _run(
         nlive = torch.empty(R, dtype=torch.int32, device=device)
     _threshold[(R,)](
         *rows, seg_max, thresh, counts, live, nlive, L, k, M, levels, tiles.threshold_bits,
-        tiles.by_segment, *search, num_warps=select_warps,
+        tiles.by_segment, *search, num_warps=select_warps, **pdl_options(logits.device),
     )  # fmt: skip
     if tiles.by_segment:
         _compact_live[(R, max(1, min(chunks, cdiv(width, block))))](
             logits, *rows, live, nlive, thresh, counts, cand[0], cand[1], stride, L, k, M,
-            levels, cap, block, num_warps=warps,
+            levels, cap, block, num_warps=warps, **pdl_options(logits.device),
         )  # fmt: skip
     else:
         _compact[(R, cdiv(width, chunk))](
             logits, *rows, seg_max, thresh, counts, cand[0], cand[1], stride, L, k, chunk,
-            M, levels, cap, block, num_warps=warps,
+            M, levels, cap, block, num_warps=warps, **pdl_options(logits.device),
         )  # fmt: skip
     select_candidates[(R,)](
         logits, *rows, thresh, counts, cand[0], cand[1], out, stride, L, k,
         cap, idx_bits, block, k_block, *search, num_warps=select_warps,
+        **pdl_options(logits.device),
     )  # fmt: skip
     return out, counts
 

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
+
 BLOCK = 1024
 
 
@@ -24,7 +26,9 @@ def _fill_outside(
     width,
     HAS_STARTS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1) * BLOCK
     start = 0
@@ -49,6 +53,6 @@ def fill_outside_windows(
     if rows and width:
         _fill_outside[(rows, triton.cdiv(width, BLOCK))](
             logits, ends if starts is None else starts, ends, logits.stride(0), width,
-            HAS_STARTS=starts is not None, BLOCK=BLOCK,
+            HAS_STARTS=starts is not None, BLOCK=BLOCK, **pdl_options(logits.device),
         )  # fmt: skip
     return logits
