@@ -211,10 +211,11 @@ def profile_shares(runner: ModelRunner, batch: int, context: int, steps: int) ->
 
 
 def host_phases(runner: ModelRunner, batch: int, context: int, steps: int) -> dict[str, float]:
-    """Median microseconds of a graph-replayed decode step's host work, by phase: the per-chunk
-    checks, the block tables, the rest of ``DecodeGraphs.run`` before the replay, the replay
-    call, what ``execute`` does after it, and the host's wait for the device at the end (the
-    synchronous TPOT is their sum)."""
+    """Median microseconds of a graph-replayed decode step's host work, by phase: the chunks'
+    checks with the graph's per-row inputs (``ModelRunner._decode_inputs``), the block tables,
+    the rest of ``DecodeGraphs.run`` before the replay, the replay call, what ``execute`` does
+    after it, and the host's wait for the device at the end (the synchronous TPOT is their
+    sum)."""
     spent: dict[str, float] = {}
 
     def timed(name, fn):
@@ -234,7 +235,7 @@ def host_phases(runner: ModelRunner, batch: int, context: int, steps: int) -> di
     graphs = runner.graphs
     saved = dict(graphs._graphs)
     graphs._graphs = {b: (TimedGraph(g), logits) for b, (g, logits) in saved.items()}
-    runner.check = timed("checks", runner.check)
+    runner._decode_inputs = timed("checks", runner._decode_inputs)
     runner.block_tables.fill = timed("block tables", runner.block_tables.fill)
     graphs.run = timed("graphs.run", graphs.run)
     blocks = -(-(context + steps + 4) // runner.block_size)
