@@ -286,7 +286,7 @@ def host_phases(runner: ModelRunner, batch: int, context: int, steps: int) -> di
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     finally:
-        del runner.check, runner.block_tables.fill, graphs.run
+        del runner._decode_inputs, runner.block_tables.fill, graphs.run
         graphs._graphs = saved
     return {name: statistics.median(values) for name, values in samples.items()}
 
