@@ -189,21 +189,30 @@ def test_cuda_graph_decode_of_a_padded_bucket_matches_eager_decode(plugins, chec
     assert errors.max().item() < 0.02
 
 
+BLOCKS = [3, 8, 11]  # the prompt's three blocks
+
+
+def _fp8_runner(plugins: PluginSet, checkpoint, graphs: bool):
+    """A runner over fp8_ds_mla latents and fp8 index keys, eager or with decode graphs (the
+    test is skipped where they were not captured), under the environment's knobs."""
+    flags = dict(model=str(checkpoint.path), num_kv_tokens=16 * 64, max_model_len=1024)
+    flags |= dict(kv_cache_dtype="fp8_ds_mla", index_dtype="fp8", max_num_seqs=8)
+    runner = _runner(plugins, platform="nvidia", cuda_graphs=graphs, **flags)
+    if graphs and runner.graphs is None:
+        pytest.skip(f"decode graphs not captured: {runner.cuda_graphs_status}")
+    return runner
+
+
 def test_decode_side_stream_gives_the_one_stream_logits(plugins, checkpoint, monkeypatch):
     """The MLA query and latent on a second stream (HWRUN_DECODE_SIDE_STREAM, the default)
     compute what one stream does: the same kernels on the same inputs, in graphs and eagerly."""
-    prompt = _prompt(checkpoint.config.vocab_size)
-    flags = dict(model=str(checkpoint.path), num_kv_tokens=16 * 64, max_model_len=1024)
-    flags |= dict(kv_cache_dtype="fp8_ds_mla", index_dtype="fp8", max_num_seqs=8)
     logits = {}
     for side in ("0", "1"):
         monkeypatch.setenv("HWRUN_DECODE_SIDE_STREAM", side)
         for graphs in (False, True):
-            runner = _runner(plugins, platform="nvidia", cuda_graphs=graphs, **flags)
+            runner = _fp8_runner(plugins, checkpoint, graphs)
             assert (runner.model.side_stream is not None) == (side == "1")
-            if graphs and runner.graphs is None:
-                pytest.skip(f"decode graphs not captured: {runner.cuda_graphs_status}")
-            logits[side, graphs] = _logits(runner, prompt, [3, 8, 11])
+            logits[side, graphs] = _logits(runner, _prompt(checkpoint.config.vocab_size), BLOCKS)
     for graphs in (False, True):
         assert torch.equal(logits["1", graphs], logits["0", graphs])
 
@@ -217,20 +226,16 @@ def test_programmatic_dependent_launch_gives_the_plain_launch_logits(
     graphs, with the side stream and without. A kernel that read its inputs before the wait
     would race with the kernel writing them and give other logits (or others on a repeat)."""
     prompt = _prompt(checkpoint.config.vocab_size)
-    flags = dict(model=str(checkpoint.path), num_kv_tokens=16 * 64, max_model_len=1024)
-    flags |= dict(kv_cache_dtype="fp8_ds_mla", index_dtype="fp8", max_num_seqs=8)
     logits = {}
     for side in ("0", "1"):
         monkeypatch.setenv("HWRUN_DECODE_SIDE_STREAM", side)
         for pdl in ("0", "1"):
             monkeypatch.setenv("HWRUN_TRITON_PDL", pdl)
             for graphs in (False, True):
-                runner = _runner(plugins, platform="nvidia", cuda_graphs=graphs, **flags)
-                if graphs and runner.graphs is None:
-                    pytest.skip(f"decode graphs not captured: {runner.cuda_graphs_status}")
-                logits[side, pdl, graphs] = _logits(runner, prompt, [3, 8, 11])
+                runner = _fp8_runner(plugins, checkpoint, graphs)
+                logits[side, pdl, graphs] = _logits(runner, prompt, BLOCKS)
                 if pdl == "1":  # a race would rarely give the same bits twice
-                    again = _logits(runner, prompt, [3, 8, 11])
+                    again = _logits(runner, prompt, BLOCKS)
                     assert torch.equal(again, logits[side, pdl, graphs])
     for side in ("0", "1"):
         for graphs in (False, True):
