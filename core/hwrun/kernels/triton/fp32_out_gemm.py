@@ -117,8 +117,8 @@ def _fp32_out_mm_kernel(
     k_begin = split * k_run
     k_end = tl.minimum(K, k_begin + k_run)
     if PREFETCH_LINES > 0:
-        # This program's run of its weight rows (no kernel writes weights), fetched while the
-        # kernel ahead finishes.
+        # The start of this program's run of its weight rows (up to 2 KB a row; no kernel
+        # writes weights), fetched while the kernel ahead finishes.
         col = k_begin + tl.arange(0, PREFETCH_LINES) * 64  # bf16: 64 a 128-byte line
         prefetch_to_l2(w_rows + col[None, :], n_mask[:, None] & (col < k_end)[None, :], PDL)
     wait_for_previous_kernel(PDL)

@@ -35,20 +35,20 @@ import triton
 import triton.language as tl
 
 from hwrun import knobs
+from hwrun.kernels.triton.descriptors import nvidia_sm90_or_later
 
 
 @functools.cache
-def _supports_pdl(device_type: str, index: int | None) -> bool:
-    if device_type != "cuda" or torch.version.hip is not None:
-        return False
-    return torch.cuda.get_device_capability(index)[0] >= 9
+def _supports_pdl(device: torch.device) -> bool:
+    # Cached: pdl_options runs at every launch, and the capability query is a few us of host.
+    return nvidia_sm90_or_later(device)
 
 
 def pdl_options(device: torch.device) -> dict:
     """Launch keywords for a kernel with a ``PDL`` constexpr: ``PDL`` and Triton's
     ``launch_pdl`` on where the device supports PDL and ``HWRUN_TRITON_PDL`` allows it, else
     nothing (the kernel's ``PDL=False`` default)."""
-    if not _supports_pdl(device.type, device.index) or not knobs.triton_pdl():
+    if not _supports_pdl(device) or not knobs.triton_pdl():
         return {}
     return {"PDL": True, "launch_pdl": True}
 
