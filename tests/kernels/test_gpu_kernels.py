@@ -261,13 +261,14 @@ def test_moe_experts_deepseek_v3_shapes(tokens):
 
 @pytest.mark.parametrize("tokens", [1, 64])
 @pytest.mark.parametrize(
-    "block_n,f16,splits",
-    [(32, False, 1), (32, True, 1), (64, True, 1), (128, True, 1), (64, True, 2), (64, True, 4),
-     (32, False, 3)],
+    "block_n,f16,splits,tma",
+    [(32, False, 1, False), (32, True, 1, False), (64, True, 1, False), (128, True, 1, False),
+     (64, True, 2, False), (64, True, 4, False), (32, False, 3, False),
+     (128, True, 4, True), (128, True, 1, True), (64, True, 3, True), (32, False, 1, True)],
 )  # fmt: skip
-def test_moe_experts_decode_tile_variants_bench_model_shapes(tokens, block_n, f16, splits):
+def test_moe_experts_decode_tile_variants_bench_model_shapes(tokens, block_n, f16, splits, tma):
     """bf16 and f16 products at the bench model's experts: 64 experts, top 8, hidden 4096,
-    width 512, one shared expert as group E."""
+    width 512, one shared expert as group E; e4m3 codes through pointers or descriptors."""
     from hwrun.kernels.triton.moe import TileConfig, experts
     from hwrun.ops.moe_experts import experts as reference
 
@@ -280,7 +281,7 @@ def test_moe_experts_decode_tile_variants_bench_model_shapes(tokens, block_n, f1
     ids = torch.rand(tokens, num_experts, device="cuda").argsort(1)[:, :k].to(torch.int32)
     ids[0, 2] = -1
     weights = torch.rand(tokens, k, device="cuda")
-    tiles = TileConfig(16, block_n, 128, 4, 4, f16_products=f16, gate_up_splits=splits)
+    tiles = TileConfig(16, block_n, 128, 4, 4, f16_products=f16, gate_up_splits=splits, tma=tma)
     got = experts(x, w13, w2, ids, weights, "bf16", shared, tiles=tiles)
     _moe_close(got, reference(x, w13, w2, ids, weights, "bf16", shared))
     # split K: the last split adds every split's sums in split order, whichever finished last

@@ -162,6 +162,39 @@ def test_partial_scale_tiles_and_fp32_input():
     _close(experts(**args), reference(**args))
 
 
+@pytest.mark.parametrize(
+    "fmt,f16,splits,shared_inter",
+    [("fp8_block128", True, 1, 80), ("fp8_block128_ue8m0", False, 3, 80),
+     ("fp8_block128", True, 2, 48)],
+)  # fmt: skip
+def test_codes_through_tensor_descriptors_match_the_reference(fmt, f16, splits, shared_inter):
+    # I = 80 in 32-row tiles: the last gate tile's rows past I are up rows, the last up tile's
+    # rows past 2I lie past the expert (zeros); D = 160 ends inside a 64-wide K step (zeros
+    # past it). Shared experts of the routed width ride as group E, through their own
+    # descriptor; wider ones (48 != 80) take launches of their own.
+    g = torch.Generator().manual_seed(31 + splits)
+    args = _problem(g, fmt, 9, 4, 160, 80, 2, shared_inter=shared_inter)
+    args["ids"][3, 1] = -1
+    tiles = TileConfig(16, 32, 64, 4, 1, f16_products=f16, gate_up_splits=splits, tma=True)
+    _close(experts(**args, tiles=tiles), reference(**args))
+
+
+def test_tensor_descriptors_only_for_e4m3_codes_they_can_address():
+    from hwrun.kernels.triton.moe import _codes_take_descriptors
+
+    g = torch.Generator().manual_seed(35)
+    args = _problem(g, "fp8_block128", 2, 4, 128, 64, 2, shared_inter=64)
+    assert _codes_take_descriptors(args["w13"], args["w2"], args["shared_experts"])
+    bf16 = _problem(g, "bf16", 2, 4, 128, 64, 2)
+    assert not _codes_take_descriptors(bf16["w13"], args["w2"], None)
+    # w2's rows of 36 codes are not a multiple of 16 bytes: the pointer loads serve the launch
+    # (and the result still matches)
+    odd = _problem(g, "fp8_block128", 3, 4, 128, 36, 2)
+    assert not _codes_take_descriptors(odd["w13"], odd["w2"], None)
+    tiles = TileConfig(16, 32, 64, 4, 1, tma=True)
+    _close(experts(**odd, tiles=tiles), reference(**odd))
+
+
 @pytest.mark.parametrize("tokens", [0, 1])
 def test_zero_and_one_token(tokens):
     g = torch.Generator().manual_seed(14)

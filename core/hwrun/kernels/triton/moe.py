@@ -54,6 +54,7 @@ import triton
 import triton.language as tl
 
 from hwrun.formats.int4 import INT4_GROUP
+from hwrun.kernels.triton.descriptors import tma_alignment_problems, use_torch_allocator
 from hwrun.kernels.triton.f16_rows import F16_WEIGHT_FORMATS, rows_to_f16
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
@@ -80,6 +81,9 @@ class TileConfig:
     # Programs per gate/up tile, each over a run of the K steps (their sums added by the last):
     # at decode the gate/up grid is a wave and a half of long programs on the H200.
     gate_up_splits: int = 1
+    # e4m3 codes through tensor descriptors (the module doc): their copies are pipelined over
+    # the K loop, where the pointer loads of codes decoded before the product are not.
+    tma: bool = False
 
 
 # Tuned on the H200 by rows per expert (docs/benchmarks.md): the middle and prefill tiles at
@@ -203,6 +207,25 @@ def _can_fuse_shared(
     return True
 
 
+def _codes_take_descriptors(
+    w13: QuantizedWeight,
+    w2: QuantizedWeight,
+    shared: tuple[QuantizedWeight, QuantizedWeight] | None,
+) -> bool:
+    """Every weight of the launch is e4m3 codes a tensor descriptor can read: each expert's
+    [rows, cols] matrix 16-byte aligned with a 16-byte row stride (its base is the tensor's
+    plus a multiple of the expert stride)."""
+    for w in (w13, w2, *(shared or ())):
+        if w.format not in ("fp8_block128", "fp8_block128_ue8m0"):
+            return False
+        three_d = w.data.dim() == 3
+        if three_d and w.data.stride(0) % 16:
+            return False
+        if tma_alignment_problems(w.name, w.data[0] if three_d else w.data):
+            return False
+    return True
+
+
 def _swiglu_grouped(
     x: torch.Tensor,  # [T, D] bf16
     w13: QuantizedWeight,  # [E, 2I, D] or [2I, D]
@@ -232,6 +255,9 @@ def _swiglu_grouped(
         x_scales = h_scales = torch.empty(1, dtype=torch.float32, device=x.device)
         h = torch.empty(rows, inter, dtype=torch.bfloat16, device=x.device)
     group_e = w13.shape[0] if w13.data.dim() == 3 else 0
+    tma = tiles.tma and _codes_take_descriptors(w13, w2, shared)
+    if tma:
+        use_torch_allocator()
     common = {
         "HAS_SHARED": shared is not None,
         "WIDE": tl.float16 if f16 else wide_dtype(),
@@ -240,6 +266,7 @@ def _swiglu_grouped(
         "BLOCK_N": tiles.block_n,
         "num_warps": tiles.num_warps,
         "num_stages": tiles.num_stages,
+        "TMA": tma,
     }
     splits = max(1, min(tiles.gate_up_splits, triton.cdiv(hidden, tiles.block_k)))
     if splits > 1:

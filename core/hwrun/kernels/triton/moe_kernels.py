@@ -9,7 +9,7 @@ import triton.language as tl
 
 from hwrun.kernels.triton.f16_rows import to_scaled_f16
 from hwrun.kernels.triton.pdl import wait_for_previous_kernel
-from hwrun.kernels.triton.weight_tiles import int4_product, weight_tile
+from hwrun.kernels.triton.weight_tiles import int4_product, weight_scales, weight_tile
 
 
 @triton.jit
@@ -51,6 +51,20 @@ def _expert_weights(
 
 
 @triton.jit
+def _code_tiles(w_base, rows, cols, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A tensor descriptor (TMA) over one expert's [rows, cols] e4m3 codes: the copy engine
+    brings each [BLOCK_N, BLOCK_K] tile into shared memory, zero past the expert's edges, and
+    the compiler pipelines those copies over the K loop (pointer loads of codes that are
+    decoded before the product are not pipelined: each K step would wait for its own)."""
+    return tl.make_tensor_descriptor(
+        w_base.to(tl.pointer_type(tl.float8e4nv)),
+        shape=[rows, cols],
+        strides=[stride_wn, 1],
+        block_shape=[BLOCK_N, BLOCK_K],
+    )
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, D] bf16, or f16 scaled by xs (F16)
     xs_ptr,  # [T, ceil(D/128)] fp32 2^-s of x's row groups (F16)
@@ -81,6 +95,7 @@ def _gate_up_kernel(
     BLOCK_K: tl.constexpr,
     F16: tl.constexpr,
     SPLITS: tl.constexpr,  # programs per (row block, I tile), each over a run of K steps
+    TMA: tl.constexpr = False,  # e4m3 codes through a tensor descriptor (_code_tiles)
     PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     wait_for_previous_kernel(PDL)
@@ -91,6 +106,8 @@ def _gate_up_kernel(
     w_base, s_base = _expert_weights(
         expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED
     )
+    if TMA:
+        codes = _code_tiles(w_base, 2 * I, D, stride_wn, BLOCK_N, BLOCK_K)
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     slot = tl.load(sorted_ptr + rows)
     valid = slot >= 0
@@ -132,12 +149,29 @@ def _gate_up_kernel(
                 other=0,
             ).to(WIDE)
             a_scale = _row_scales(xs_ptr + token * tl.cdiv(D, 128) + k0 // 128, valid, F16)
-            wg, sg = weight_tile(
-                w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
-            )
-            wu, su = weight_tile(
-                w_base, s_base, n + I, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
-            )
+            if TMA:  # gate rows past I read up rows, up rows past 2I zeros: columns not stored
+                n0 = tl.program_id(1) * BLOCK_N
+                wg = codes.load([n0, k0]).to(WIDE)
+                wu = codes.load([n0 + I, k0]).to(WIDE)
+                sg = weight_scales(s_base, n, n_mask, k0, stride_sn, FORMAT)
+                su = weight_scales(s_base, n + I, n_mask, k0, stride_sn, FORMAT)
+            else:
+                wg, sg = weight_tile(
+                    w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+                )
+                wu, su = weight_tile(
+                    w_base,
+                    s_base,
+                    n + I,
+                    n_mask,
+                    k0,
+                    kk,
+                    k_mask,
+                    stride_wn,
+                    stride_sn,
+                    FORMAT,
+                    WIDE,
+                )
             gate = _scaled_product(gate, a, wg, sg, a_scale, FORMAT, F16)
             up = _scaled_product(up, a, wu, su, a_scale, FORMAT, F16)
     if SPLITS > 1:
@@ -197,6 +231,7 @@ def _down_kernel(
     BLOCK_K: tl.constexpr,
     F16: tl.constexpr,
     H_GROUP: tl.constexpr,  # columns of h under one scale (the gate/up launch's BLOCK_N)
+    TMA: tl.constexpr = False,  # e4m3 codes through a tensor descriptor (_code_tiles)
     PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     wait_for_previous_kernel(PDL)
@@ -207,6 +242,8 @@ def _down_kernel(
     w_base, s_base = _expert_weights(
         expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED
     )
+    if TMA:
+        codes = _code_tiles(w_base, D, I, stride_wn, BLOCK_N, BLOCK_K)
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     slot = tl.load(sorted_ptr + rows)
     valid = slot >= 0
@@ -239,9 +276,13 @@ def _down_kernel(
                 other=0,
             ).to(WIDE)
             a_scale = _row_scales(hs_ptr + rows.to(tl.int64) * h_groups + k0 // H_GROUP, valid, F16)
-            w, s = weight_tile(
-                w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
-            )
+            if TMA:
+                w = codes.load([tl.program_id(1) * BLOCK_N, k0]).to(WIDE)
+                s = weight_scales(s_base, n, n_mask, k0, stride_sn, FORMAT)
+            else:
+                w, s = weight_tile(
+                    w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
+                )
             acc = _scaled_product(acc, a, w, s, a_scale, FORMAT, F16)
     safe_slot = tl.where(valid, slot, 0).to(tl.int64)
     routed = valid & (safe_slot < N)
