@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 import triton
+from kernel_timeline import timeline
 
 from hwrun.formats.index_keys import get_index_key_format
 from hwrun.formats.latent import get_latent_format
@@ -32,6 +33,36 @@ def bench(fn, warmup: int = 25, rep: int = 100, graph: bool = True) -> float:
         except Exception:  # not capturable (host synchronisation inside): plain launches
             torch.cuda.synchronize()
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
+
+
+def kernel_split(fn, calls: int = 50) -> tuple[float, dict[str, float]]:
+    """Where one call of ``fn`` spends its device time, replayed in a CUDA graph under the
+    torch profiler: (busy us per call, {kernel name: exposed us per call}, heaviest first).
+    Exposed time is each kernel's time past the earlier kernels' ends (kernel_timeline.py), so
+    a kernel launched early under programmatic dependent launch is charged its work, not its
+    wait."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            graph.replay()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    spans = timeline((e.name, e.time_range.start, e.time_range.end) for e in events)
+    exposed = sorted(spans.exposed_us.items(), key=lambda item: -item[1])
+    return spans.busy_us / calls, {name: us / calls for name, us in exposed}
+
+
+def split_note(busy_us: float, exposed: dict[str, float]) -> str:
+    """kernel_split's result as a row note: busy time, then each kernel's exposed us."""
+    parts = ", ".join(f"{name.split('(')[0][:40]} {us:.1f}" for name, us in exposed.items())
+    return f"device busy {busy_us:.1f} us: {parts}"
 
 
 @dataclass

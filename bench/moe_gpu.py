@@ -31,7 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from gpu_bench_common import Row, bench, markdown, start_run, write_results
 
 from hwrun.kernels.triton import moe, moe_align
-from hwrun.ops.quantized_weight import QuantizedWeight
+from hwrun.ops.quantized_weight import QuantizedWeight, stack_shared_group
 
 SHAPES = {"deepseek-v3": (256, 7168, 2048), "bench-model": (64, 4096, 512)}
 EXPERTS, HIDDEN, INTER = SHAPES["deepseek-v3"]  # main() may rebind them (--shape)
@@ -166,6 +166,11 @@ def moe_rows(
     w13 = weight((EXPERTS,), 2 * INTER, HIDDEN, "w13")
     w2 = weight((EXPERTS,), HIDDEN, INTER, "w2")
     shared = (weight((), 2 * INTER, HIDDEN, "sw13"), weight((), HIDDEN, INTER, "sw2"))
+    # The shared expert as group E of the routed tensors, as the engine loads it (the decode
+    # tiles' host descriptors need it there)
+    w13, sw13 = stack_shared_group(w13, shared[0])
+    w2, sw2 = stack_shared_group(w2, shared[1])
+    shared = (sw13, sw2)
     peers = peers and fmt == "fp8_block128"
     per_expert = (w13.nbytes + w2.nbytes) // EXPERTS
     shared_bytes = shared[0].nbytes + shared[1].nbytes

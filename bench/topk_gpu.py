@@ -11,6 +11,7 @@ heads, signed weights). Times are medians of CUDA-graph replays; torch.topk (sor
 whole rows: it takes no windows) and the radix kernel are the peers. Each row's note gives the
 candidate counts per row (median / max) and how many rows overflowed the buffer to the slow path.
 
+``--kernel-split`` adds each kernel's exposed device time per call to the row's note.
 ``--sweep`` times, at the ``--sweep-shapes`` on indexer-like rows, every entry of
 topk_threshold.SWEEP_GRID (one parameter changed at a time) and compaction chunks of 2, 4, 16
 and 32 programs per SM, and reports the best next to the default.
@@ -29,7 +30,15 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(1, str(pathlib.Path(__file__).resolve().parent.parent))  # tests.kernels
 
-from gpu_bench_common import Row, bench, markdown, start_run, write_results
+from gpu_bench_common import (
+    Row,
+    bench,
+    kernel_split,
+    markdown,
+    split_note,
+    start_run,
+    write_results,
+)
 
 from hwrun.kernels.triton import topk as radix
 from hwrun.kernels.triton import topk_threshold as threshold
@@ -95,6 +104,8 @@ def shape_row(ceil, shape: str, kind: str, args, log: list[str], deadline: float
         "radix": bench(lambda: radix.topk(logits, starts, ends, K)),
     }
     note = counts_note(logits, starts, ends, threshold.ThresholdTiles())
+    if args.kernel_split:
+        note += "; " + split_note(*kernel_split(lambda: threshold.topk(logits, starts, ends, K)))
     if args.sweep and shape in args.sweep_shapes and time.monotonic() < deadline:
         note += "; " + sweep(logits, starts, ends, us, log, f"{shape} {kind}")
     window = "causal chunk" if rows >= 4096 else "whole rows"
@@ -107,6 +118,9 @@ def main() -> None:
     parser.add_argument("--shapes", default=SHAPES, help="comma list of ROWSxCOLUMNS")
     parser.add_argument("--kinds", default="normal,indexer", help="of normal, relu, indexer")
     parser.add_argument("--sweep", action="store_true", help="time SWEEP_GRID and chunk counts")
+    parser.add_argument(
+        "--kernel-split", action="store_true", help="device time per kernel (torch profiler)"
+    )
     parser.add_argument("--sweep-shapes", default="64x131072,1x131072,4096x16384")
     parser.add_argument("--budget-s", type=float, default=900.0, help="stop sweeping after")
     parser.add_argument("--out", default=None, help="directory for topk.md / .json / .log")

@@ -315,3 +315,25 @@ def test_a8w8_linears_on_the_gpu(plugins, gpu_a8w8_model):  # noqa: F811
     assert len(errors) >= 12 * (1 + PROMPT - DECODE_FROM)
     print(f"a8w8 calls: {len(errors)}, worst relative error {max(errors):.2e}")
     assert max(errors) < 2**-6  # a bf16 unit or two of the largest output
+
+
+def test_a_shared_expert_of_the_routed_shape_loads_as_their_group_e(fp8_model):
+    # One tensor for routed and shared codes (the Triton MoE reads them through one tensor
+    # descriptor); the values stay the checkpoint's.
+    config = load_model_config(fp8_model.path)
+    weights = load_weights(fp8_model.path, config, "cpu", torch.bfloat16)
+    stored = load_file(fp8_model.path / "model.safetensors")
+    layers = [i for i, moe in enumerate(config.moe_layers) if moe]
+    assert layers and config.n_shared_experts == 1
+    mlp = weights.layers[layers[0]].mlp
+    experts = mlp.w13.shape[0]
+    for routed, shared in zip((mlp.w13, mlp.w2), mlp.shared, strict=True):
+        assert shared.data.data_ptr() == routed.data.data_ptr() + experts * routed.data.stride(0)
+    s = f"model.layers.{layers[0]}.mlp.shared_experts."
+    assert torch.equal(mlp.shared[1].data, stored[s + "down_proj.weight"].view(torch.uint8))
+    assert torch.equal(mlp.shared[1].scales, stored[s + "down_proj.weight_scale_inv"])
+    gate = stored[s + "gate_proj.weight"].view(torch.uint8)
+    assert torch.equal(mlp.shared[0].data[: gate.shape[0]], gate)
+    e = f"model.layers.{layers[0]}.mlp.experts.{experts - 1}."
+    last_down = stored[e + "down_proj.weight"].view(torch.uint8)
+    assert torch.equal(mlp.w2.data[experts - 1], last_down)

@@ -261,27 +261,39 @@ def test_moe_experts_deepseek_v3_shapes(tokens):
 
 @pytest.mark.parametrize("tokens", [1, 64])
 @pytest.mark.parametrize(
-    "block_n,f16,splits,tma",
-    [(32, False, 1, False), (32, True, 1, False), (64, True, 1, False), (128, True, 1, False),
-     (64, True, 2, False), (64, True, 4, False), (32, False, 3, False),
-     (128, True, 4, True), (128, True, 1, True), (64, True, 3, True), (32, False, 1, True)],
+    "block_n,f16,splits,tma,host",
+    [(32, False, 1, False, False), (32, True, 1, False, False), (64, True, 1, False, False),
+     (128, True, 1, False, False), (64, True, 2, False, False), (64, True, 4, False, False),
+     (32, False, 3, False, False), (128, True, 4, True, False), (128, True, 1, True, False),
+     (64, True, 3, True, False), (32, False, 1, True, False), (128, True, 4, True, True),
+     (128, True, 1, True, True), (64, True, 3, True, True)],
 )  # fmt: skip
-def test_moe_experts_decode_tile_variants_bench_model_shapes(tokens, block_n, f16, splits, tma):
+def test_moe_experts_decode_tile_variants_bench_model_shapes(
+    tokens, block_n, f16, splits, tma, host
+):
     """bf16 and f16 products at the bench model's experts: 64 experts, top 8, hidden 4096,
-    width 512, one shared expert as group E; e4m3 codes through pointers or descriptors."""
-    from hwrun.kernels.triton.moe import TileConfig, experts
+    width 512, one shared expert as group E; e4m3 codes through pointers or descriptors (each
+    program's, or with ``host`` one built on the host over the groups stacked)."""
+    from hwrun.kernels.triton.moe import TileConfig, experts, stack_shared_group
     from hwrun.ops.moe_experts import experts as reference
 
     num_experts, hidden, inter, k = 64, 4096, 512, 8
     w13 = _fp8_experts(num_experts, 2 * inter, hidden, "w13")
     w2 = _fp8_experts(num_experts, hidden, inter, "w2")
     shared = (_fp8_experts(0, 2 * inter, hidden, "sw13"), _fp8_experts(0, hidden, inter, "sw2"))
+    if host:
+        w13, sw13 = stack_shared_group(w13, shared[0])
+        w2, sw2 = stack_shared_group(w2, shared[1])
+        shared = (sw13, sw2)
     x = (torch.randn(tokens, hidden, device="cuda") * 0.1).to(torch.bfloat16)
     x[0, :7] *= 1e6  # one token's row far from the rest: its f16 scale is its own
     ids = torch.rand(tokens, num_experts, device="cuda").argsort(1)[:, :k].to(torch.int32)
     ids[0, 2] = -1
     weights = torch.rand(tokens, k, device="cuda")
-    tiles = TileConfig(16, block_n, 128, 4, 4, f16_products=f16, gate_up_splits=splits, tma=tma)
+    tiles = TileConfig(
+        16, block_n, 128, 4, 4, f16_products=f16, gate_up_splits=splits, tma=tma,
+        host_descriptors=host,
+    )  # fmt: skip
     got = experts(x, w13, w2, ids, weights, "bf16", shared, tiles=tiles)
     _moe_close(got, reference(x, w13, w2, ids, weights, "bf16", shared))
     # split K: the last split adds every split's sums in split order, whichever finished last

@@ -10,6 +10,8 @@ exactly on the reference.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -177,6 +179,48 @@ def test_codes_through_tensor_descriptors_match_the_reference(fmt, f16, splits, 
     args["ids"][3, 1] = -1
     tiles = TileConfig(16, 32, 64, 4, 1, f16_products=f16, gate_up_splits=splits, tma=True)
     _close(experts(**args, tiles=tiles), reference(**args))
+
+
+@pytest.mark.parametrize(
+    "fmt,f16,splits,stacked",
+    [("fp8_block128", True, 1, True), ("fp8_block128_ue8m0", False, 3, True),
+     ("fp8_block128", True, 2, False)],
+)  # fmt: skip
+def test_codes_through_host_descriptors_match_the_reference(fmt, f16, splits, stacked):
+    # The shapes of the test above, through one host-built descriptor per weight over every
+    # group's codes: the last up tile's rows past 2I now read the next group's gate rows (not
+    # zeros), whose output columns are never stored. A shared group stored apart from the
+    # routed experts makes the launch take pointer loads.
+    from hwrun.kernels.triton.moe import _stacked_codes, stack_shared_group
+
+    g = torch.Generator().manual_seed(41 + splits)
+    args = _problem(g, fmt, 9, 4, 160, 80, 2, shared_inter=80)
+    args["ids"][3, 1] = -1
+    sw13, sw2 = args["shared_experts"]
+    if stacked:
+        args["w13"], sw13 = stack_shared_group(args["w13"], sw13)
+        args["w2"], sw2 = stack_shared_group(args["w2"], sw2)
+        args["shared_experts"] = (sw13, sw2)
+    assert (_stacked_codes(args["w13"], sw13, 32, 64) is not None) == stacked
+    assert (_stacked_codes(args["w2"], sw2, 32, 32) is not None) == stacked
+    tiles = TileConfig(16, 32, 64, 4, 1, f16_products=f16, gate_up_splits=splits, tma=True)
+    tiles = replace(tiles, host_descriptors=True)
+    _close(experts(**args, tiles=tiles), reference(**args))
+
+
+def test_stack_shared_group_keeps_the_values_and_refuses_other_shapes():
+    from hwrun.kernels.triton.moe import stack_shared_group
+
+    g = torch.Generator().manual_seed(43)
+    args = _problem(g, "fp8_block128", 2, 4, 128, 64, 2, shared_inter=64)
+    routed, shared = stack_shared_group(args["w13"], args["shared_experts"][0])
+    assert torch.equal(routed.data, args["w13"].data)
+    assert torch.equal(routed.scales, args["w13"].scales)
+    assert torch.equal(shared.data, args["shared_experts"][0].data)
+    assert shared.data.data_ptr() == routed.data.data_ptr() + routed.data.numel()
+    wider = _problem(g, "fp8_block128", 2, 4, 128, 64, 2, shared_inter=128)
+    with pytest.raises(ValueError, match="one \\[R, C\\] group"):
+        stack_shared_group(wider["w13"], wider["shared_experts"][0])
 
 
 def test_tensor_descriptors_only_for_e4m3_codes_they_can_address():

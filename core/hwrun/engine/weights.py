@@ -39,7 +39,7 @@ from hwrun.engine.model_config import LATENT_RANK, ROPE_DIM, ModelConfig
 from hwrun.formats.e8m0 import decode_e8m0, encode_e8m0
 from hwrun.formats.fp8 import dequantize_fp8_block128
 from hwrun.ops.indexer import INDEX_HEAD_DIM
-from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
+from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight, stack_shared_group
 
 
 @dataclass(frozen=True, eq=False)
@@ -346,12 +346,8 @@ def _load_layer(loader: _Loader, index: int) -> LayerWeights:
                 loader.quantized([s + "gate_proj.weight", s + "up_proj.weight"], s + "w13"),
                 loader.quantized([s + "down_proj.weight"], s + "w2"),
             )
-        mlp = MoEWeights(
-            router=Fp32Linear.load(loader.dense(m + "gate.weight", torch.float32)),
-            correction_bias=(
-                loader.dense(bias_name, torch.float32) if bias_name in loader.checkpoint else None
-            ),
-            w13=loader.fused_experts(m + "experts.gate_up_proj")
+        w13 = (
+            loader.fused_experts(m + "experts.gate_up_proj")
             if _fused_experts(loader.checkpoint, index)
             else loader.experts(
                 [
@@ -359,10 +355,21 @@ def _load_layer(loader: _Loader, index: int) -> LayerWeights:
                     for e in experts
                 ],
                 m + "w13",
-            ),
-            w2=loader.fused_experts(m + "experts.down_proj")
+            )
+        )
+        w2 = (
+            loader.fused_experts(m + "experts.down_proj")
             if _fused_experts(loader.checkpoint, index)
-            else loader.experts([[f"{m}experts.{e}.down_proj.weight"] for e in experts], m + "w2"),
+            else loader.experts([[f"{m}experts.{e}.down_proj.weight"] for e in experts], m + "w2")
+        )
+        w13, w2, shared = _shared_as_group_e(w13, w2, shared)
+        mlp = MoEWeights(
+            router=Fp32Linear.load(loader.dense(m + "gate.weight", torch.float32)),
+            correction_bias=(
+                loader.dense(bias_name, torch.float32) if bias_name in loader.checkpoint else None
+            ),
+            w13=w13,
+            w2=w2,
             shared=shared,
         )
     return LayerWeights(
@@ -371,3 +378,22 @@ def _load_layer(loader: _Loader, index: int) -> LayerWeights:
         attention=attention,
         mlp=mlp,
     )
+
+
+def _shared_as_group_e(
+    w13: QuantizedWeight,
+    w2: QuantizedWeight,
+    shared: tuple[QuantizedWeight, QuantizedWeight] | None,
+) -> tuple[QuantizedWeight, QuantizedWeight, tuple[QuantizedWeight, QuantizedWeight] | None]:
+    """A shared expert of the routed experts' shape and format stored as group E of their
+    tensors (views; same values, the same bytes in all), so that the Triton MoE reads every
+    group's codes through one tensor descriptor per weight (kernels/triton/moe.py,
+    ``TileConfig.host_descriptors``); other shared experts as they are."""
+    if shared is None or any(
+        w.format != r.format or w.shape != r.shape[1:] or w.tensor_scale is not None
+        for w, r in zip(shared, (w13, w2), strict=True)
+    ):
+        return w13, w2, shared
+    w13, shared13 = stack_shared_group(w13, shared[0])
+    w2, shared2 = stack_shared_group(w2, shared[1])
+    return w13, w2, (shared13, shared2)

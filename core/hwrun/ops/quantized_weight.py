@@ -18,7 +18,7 @@ tensor scale per expert, as NVFP4 checkpoints do (one global scale per expert we
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -198,3 +198,31 @@ def quantize_weight(
         packed, scales, tensor_scale = quantize_nvfp4(w)
         return QuantizedWeight(format, shape, packed, scales, tensor_scale.float(), name=name)
     return QuantizedWeight(format, shape, *quantize_int4_g128(w), name=name)
+
+
+def stack_shared_group(
+    routed: QuantizedWeight, shared: QuantizedWeight
+) -> tuple[QuantizedWeight, QuantizedWeight]:
+    """The routed experts [E, R, C] and a shared group [R, C] of the same format copied into
+    one [E + 1, R, C] tensor, returned as views of it (the routed groups, then group E), so
+    that a kernel can read both through one tensor descriptor (the Triton MoE's
+    ``TileConfig.host_descriptors``). The values are the inputs'."""
+    if (
+        routed.data.dim() != 3
+        or shared.shape != routed.shape[1:]
+        or shared.format != routed.format
+        or routed.tensor_scale is not None
+        or shared.tensor_scale is not None
+    ):
+        raise ValueError(
+            f"stack_shared_group: the shared group must be one [R, C] group of the routed "
+            f"experts' format and shape (no tensor scale), got {shared.format} "
+            f"{list(shared.shape)} beside {routed.format} {list(routed.shape)}"
+        )
+    data = torch.cat([routed.data, shared.data[None]])
+    scales = None if routed.scales is None else torch.cat([routed.scales, shared.scales[None]])
+    experts = routed.shape[0]
+    return (
+        replace(routed, data=data[:experts], scales=None if scales is None else scales[:experts]),
+        replace(shared, data=data[experts], scales=None if scales is None else scales[experts]),
+    )

@@ -52,9 +52,14 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from hwrun.formats.int4 import INT4_GROUP
-from hwrun.kernels.triton.descriptors import tma_alignment_problems, use_torch_allocator
+from hwrun.kernels.triton.descriptors import (
+    nvidia_sm90_or_later,
+    tma_alignment_problems,
+    use_torch_allocator,
+)
 from hwrun.kernels.triton.f16_rows import F16_WEIGHT_FORMATS, rows_to_f16
 from hwrun.kernels.triton.index_key_tiles import wide_dtype
 from hwrun.kernels.triton.interpreter import prepare_launch
@@ -64,7 +69,7 @@ from hwrun.kernels.triton.moe_kernels import _combine_kernel, _down_kernel, _gat
 from hwrun.kernels.triton.pdl import pdl_options
 from hwrun.kernels.triton.split_counters import zeroed_counters
 from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, WEIGHT_FORMATS
-from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
+from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight, stack_shared_group  # noqa: F401 (re-exported for the kernel's tests)
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,12 @@ class TileConfig:
     # e4m3 codes through tensor descriptors (the module doc): their copies are pipelined over
     # the K loop, where the pointer loads of codes decoded before the product are not.
     tma: bool = False
+    # With tma: one descriptor per weight over every group's codes stacked, built on the host
+    # and passed to the kernel, not one built by each program (a global write and a fence
+    # before its first load). Needs the shared group, if any, stored as group E of the routed
+    # experts' tensor (stack_shared_group, as the engine loads them); where it is not, the
+    # launch takes pointer loads. The decode default on Hopper (default_tiles).
+    host_descriptors: bool = False
 
 
 # Tuned on the H200 by rows per expert (docs/benchmarks.md): the middle and prefill tiles at
@@ -114,6 +125,7 @@ def default_tiles(
     tokens: int | None = None,
     inter: int | None = None,
     num_sms: int | None = None,
+    descriptors: bool = False,
 ) -> TileConfig:
     """Row blocks as tall as the experts' typical number of rows (padding rows cost MMA time
     and registers, not memory traffic); at decode, given the tokens, the expert width and the
@@ -131,7 +143,27 @@ def default_tiles(
 
     The rule misses by at most 5% at the token counts timed (1-64): DeepSeek-V3's 1 token took
     143.4 us unsplit (0.54 waves) and 136.4 split in 4.
+
+    ``descriptors`` (an NVIDIA GPU of sm_90 or later): the decode tiles read the e4m3 codes
+    through host descriptors, 3 stages up to 16 tokens and 4 above. H200, 2026-12-04, us,
+    pointer loads -> host descriptors: bench model T=1 31.5 -> 31.0, T=8 94.5 -> 89.2, T=16
+    108.4 -> 104.5, T=64 145.1 -> 142.9; DeepSeek-V3 T=1 141.4 -> 126.5, T=8 646.0 -> 637.4,
+    T=64 2483.4 -> 2471.4 (3 stages 2463.2, 6 stages slower everywhere).
     """
+    tiles = _default_tiles(num_slots, num_experts, on_gpu, tokens, inter, num_sms)
+    if descriptors and tiles.block_m == DECODE_TILES.block_m and tokens is not None:
+        tiles = replace(tiles, tma=True, host_descriptors=True, num_stages=3 if tokens <= 16 else 4)
+    return tiles
+
+
+def _default_tiles(
+    num_slots: int,
+    num_experts: int,
+    on_gpu: bool,
+    tokens: int | None,
+    inter: int | None,
+    num_sms: int | None,
+) -> TileConfig:
     if not on_gpu:
         return INTERPRETER_TILES
     rows_per_expert = num_slots / max(num_experts, 1)
@@ -226,6 +258,27 @@ def _codes_take_descriptors(
     return True
 
 
+def _stacked_codes(
+    routed: QuantizedWeight, extra: QuantizedWeight | None, block_n: int, block_k: int
+) -> TensorDescriptor | None:
+    """A host tensor descriptor over the routed experts' e4m3 codes [E, rows, cols] as one
+    [E * rows, cols] matrix, the shared group (``extra``) included as group E when it is
+    stored right after them in the same tensor; None when it is stored elsewhere, or the
+    groups are not back to back."""
+    data = routed.data
+    groups, rows, cols = data.shape
+    if data.stride(0) != rows * data.stride(1):
+        return None
+    if extra is not None:
+        if extra.data.data_ptr() != data.data_ptr() + groups * data.stride(0) * data.element_size():
+            return None
+        groups += 1
+    codes = torch.as_strided(
+        data.view(torch.float8_e4m3fn), (groups * rows, cols), (data.stride(1), 1)
+    )
+    return TensorDescriptor(codes, list(codes.shape), list(codes.stride()), [block_n, block_k])
+
+
 def _swiglu_grouped(
     x: torch.Tensor,  # [T, D] bf16
     w13: QuantizedWeight,  # [E, 2I, D] or [2I, D]
@@ -256,7 +309,19 @@ def _swiglu_grouped(
         h = torch.empty(rows, inter, dtype=torch.bfloat16, device=x.device)
     group_e = w13.shape[0] if w13.data.dim() == 3 else 0
     tma = tiles.tma and _codes_take_descriptors(w13, w2, shared)
-    if tma:
+    # f16: a K step of the down product stays inside one of h's scale tiles
+    down_k = min(tiles.block_k, tiles.block_n) if f16 else tiles.block_k
+    descriptors = (None, None)
+    if tma and tiles.host_descriptors and w13.data.dim() == 3:
+        descriptors = (
+            _stacked_codes(w13, shared and shared[0], tiles.block_n, tiles.block_k),
+            _stacked_codes(w2, shared and shared[1], tiles.block_n, down_k),
+        )
+        if None in descriptors:
+            # Each program's own descriptors lost to the pointer loads in every H200 timing.
+            descriptors, tma = (None, None), False
+    host = descriptors[0] is not None
+    if tma and not host:
         use_torch_allocator()
     common = {
         "HAS_SHARED": shared is not None,
@@ -280,17 +345,16 @@ def _swiglu_grouped(
         x, x_scales, data, scales, shared_data, shared_scales, layout.sorted_slots,
         layout.block_expert, h, h_scales, parts, counts, hidden, inter, layout.routed_slots,
         top_k, group_e, we, wn, se, sn, FORMAT=FORMAT_CODES[w13.format], BLOCK_K=tiles.block_k,
-        SPLITS=splits, **common, **pdl_options(x.device),
+        SPLITS=splits, codes_desc=descriptors[0], HOST_TMA=host, **common,
+        **pdl_options(x.device),
     )  # fmt: skip
     data, scales, we, wn, se, sn = _weight_args(w2)
     shared_data, shared_scales = _weight_args(shared[1])[:2] if shared else (data, scales)
-    # f16: a K step of the down product stays inside one of h's scale tiles
-    down_k = min(tiles.block_k, tiles.block_n) if f16 else tiles.block_k
     _down_kernel[(layout.num_blocks, triton.cdiv(hidden, tiles.block_n))](
         h, h_scales, data, scales, shared_data, shared_scales, layout.sorted_slots,
         layout.block_expert, route, out, hidden, inter, layout.routed_slots, group_e, we, wn, se,
-        sn, FORMAT=FORMAT_CODES[w2.format], BLOCK_K=down_k, H_GROUP=tiles.block_n, **common,
-        **pdl_options(x.device),
+        sn, FORMAT=FORMAT_CODES[w2.format], BLOCK_K=down_k, H_GROUP=tiles.block_n,
+        codes_desc=descriptors[1], HOST_TMA=host, **common, **pdl_options(x.device),
     )  # fmt: skip
     return out
 
@@ -361,8 +425,9 @@ def experts(
         sms = multiprocessors(x.device.index or 0) if x.is_cuda else None
         inter = w13.shape[-2] // 2
         tiles = default_tiles(
-            tokens * top_k, num_experts, x.is_cuda, tokens=tokens, inter=inter, num_sms=sms
-        )
+            tokens * top_k, num_experts, x.is_cuda, tokens=tokens, inter=inter, num_sms=sms,
+            descriptors=nvidia_sm90_or_later(x.device),
+        )  # fmt: skip
     _check(x, w13, w2, ids, activation_mode, shared_experts, tiles)
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     if tokens == 0:

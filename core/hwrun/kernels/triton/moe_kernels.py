@@ -65,6 +65,28 @@ def _code_tiles(w_base, rows, cols, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: t
 
 
 @triton.jit
+def _codes_of(
+    codes_desc,
+    expert,
+    group_rows,
+    w_base,
+    rows,
+    cols,
+    stride_wn,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HOST_TMA: tl.constexpr,
+):
+    """The descriptor a program reads its group's codes through, and the group's first row in
+    it. HOST_TMA: the launch's one descriptor over the groups stacked (the shared group as
+    group E), built on the host and passed as a kernel argument, so no program spends the
+    global write and fence of building its own; else the group's own (_code_tiles)."""
+    if HOST_TMA:
+        return codes_desc, (expert * group_rows).to(tl.int32)
+    return _code_tiles(w_base, rows, cols, stride_wn, BLOCK_N, BLOCK_K), 0
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, D] bf16, or f16 scaled by xs (F16)
     xs_ptr,  # [T, ceil(D/128)] fp32 2^-s of x's row groups (F16)
@@ -96,6 +118,8 @@ def _gate_up_kernel(
     F16: tl.constexpr,
     SPLITS: tl.constexpr,  # programs per (row block, I tile), each over a run of K steps
     TMA: tl.constexpr = False,  # e4m3 codes through a tensor descriptor (_code_tiles)
+    codes_desc=None,  # HOST_TMA: the host's descriptor over every group's codes, stacked
+    HOST_TMA: tl.constexpr = False,
     PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     wait_for_previous_kernel(PDL)
@@ -107,7 +131,9 @@ def _gate_up_kernel(
         expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED
     )
     if TMA:
-        codes = _code_tiles(w_base, 2 * I, D, stride_wn, BLOCK_N, BLOCK_K)
+        codes, row0 = _codes_of(
+            codes_desc, expert, 2 * I, w_base, 2 * I, D, stride_wn, BLOCK_N, BLOCK_K, HOST_TMA
+        )
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     slot = tl.load(sorted_ptr + rows)
     valid = slot >= 0
@@ -151,8 +177,8 @@ def _gate_up_kernel(
             a_scale = _row_scales(xs_ptr + token * tl.cdiv(D, 128) + k0 // 128, valid, F16)
             if TMA:  # gate rows past I read up rows, up rows past 2I zeros: columns not stored
                 n0 = tl.program_id(1) * BLOCK_N
-                wg = codes.load([n0, k0]).to(WIDE)
-                wu = codes.load([n0 + I, k0]).to(WIDE)
+                wg = codes.load([row0 + n0, k0]).to(WIDE)
+                wu = codes.load([row0 + n0 + I, k0]).to(WIDE)
                 sg = weight_scales(s_base, n, n_mask, k0, stride_sn, FORMAT)
                 su = weight_scales(s_base, n + I, n_mask, k0, stride_sn, FORMAT)
             else:
@@ -232,6 +258,8 @@ def _down_kernel(
     F16: tl.constexpr,
     H_GROUP: tl.constexpr,  # columns of h under one scale (the gate/up launch's BLOCK_N)
     TMA: tl.constexpr = False,  # e4m3 codes through a tensor descriptor (_code_tiles)
+    codes_desc=None,  # HOST_TMA: the host's descriptor over every group's codes, stacked
+    HOST_TMA: tl.constexpr = False,
     PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     wait_for_previous_kernel(PDL)
@@ -243,7 +271,9 @@ def _down_kernel(
         expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED
     )
     if TMA:
-        codes = _code_tiles(w_base, D, I, stride_wn, BLOCK_N, BLOCK_K)
+        codes, row0 = _codes_of(
+            codes_desc, expert, D, w_base, D, I, stride_wn, BLOCK_N, BLOCK_K, HOST_TMA
+        )
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     slot = tl.load(sorted_ptr + rows)
     valid = slot >= 0
@@ -277,7 +307,7 @@ def _down_kernel(
             ).to(WIDE)
             a_scale = _row_scales(hs_ptr + rows.to(tl.int64) * h_groups + k0 // H_GROUP, valid, F16)
             if TMA:
-                w = codes.load([tl.program_id(1) * BLOCK_N, k0]).to(WIDE)
+                w = codes.load([row0 + tl.program_id(1) * BLOCK_N, k0]).to(WIDE)
                 s = weight_scales(s_base, n, n_mask, k0, stride_sn, FORMAT)
             else:
                 w, s = weight_tile(

@@ -287,7 +287,12 @@ class ThresholdTiles:
     live-segment compaction took 64 x 131072 from 82.6 to 48.1 us and 64 x 32768 from 37.9 to
     31.7; 1024-column tiles had beaten 2048 (_compact: 87.9 against 116.1 us at 64 x 131072)."""
 
-    segments: int = 8192  # segment maxima per row (M, at least 4k): more, fewer candidates
+    segments: int = (
+        8192  # segment maxima per row (M, at least segments_per_k k): more, fewer candidates
+    )
+    # The least M as a multiple of k: ~-m ln(1 - k/m) candidates, 2357 at 4k (k = 2048) and
+    # 2839 at 2k, against a search over half the maxima in _threshold.
+    segments_per_k: int = 4
     capacity: int = 8192  # candidate slots per row (CAP): a row with more takes the slow path
     block: int = 4096  # columns per tile of _segment_max
     compact_block: int = 1024  # columns per tile of _compact and of the slow path
@@ -393,7 +398,7 @@ def _run(
     # At least 4k segments: a window's level then leaves it more than 2k (k/m < 1/2, at most
     # 1.39k candidates from independent scores); with m just above k, T would sit near the
     # bottom of the row. No more than the row's columns (level 0 then covers every window).
-    M = min(max(pow2(tiles.segments), 4 * pow2(k)), pow2(width))
+    M = min(max(pow2(tiles.segments), pow2(tiles.segments_per_k) * pow2(k)), pow2(width))
     levels = _levels(width, M)
     seg_block = max(tiles.block, 1 << (levels - 1))  # a segment never straddles two tiles
     cap = max(2, min(pow2(tiles.capacity), pow2(width)))  # a row has at most L candidates
