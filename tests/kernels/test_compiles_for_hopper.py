@@ -110,6 +110,7 @@ DOWN = {
     **dict.fromkeys(("D", "I", "N", "E"), "i32"),
     **MOE_STRIDES,
 }
+HOST_CODES = "tensordesc<fp8e4nv[128, 128]>"
 # f16 products (the decode tiles' default): x and h read as f16 with their row scales
 MOE_F16 = {"FORMAT": 1, "HAS_SHARED": True, "WIDE": "fp16", "F16": True, "BLOCK_M": 16}
 # dense.linear over e4m3 weights with f16 products: x as scaled f16
@@ -231,6 +232,16 @@ VARIANTS = {
         {**DOWN, "h_ptr": "*fp16"},
         {**MOE_F16, "BLOCK_N": 128, "BLOCK_K": 128, "H_GROUP": 128},
     ),
+    # the Hopper decode default since ae4bc14: the codes through one host-built descriptor
+    # over every group's codes stacked (moe._stacked_codes), e4m3 [128, 128] boxes
+    "gateup_f16_wide_host": (
+        {**GATE_UP, "x_ptr": "*fp16", "h_ptr": "*fp16", "codes_desc": HOST_CODES},
+        {**MOE_F16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLITS": 4, "TMA": True, "HOST_TMA": True},
+    ),
+    "down_f16_wide_host": (
+        {**DOWN, "h_ptr": "*fp16", "codes_desc": HOST_CODES},
+        {**MOE_F16, "BLOCK_N": 128, "BLOCK_K": 128, "H_GROUP": 128, "TMA": True, "HOST_TMA": True},
+    ),
     # Fp32Linear at decode: bf16 tiles, fp32 sums, the K runs added by the last (8 of 64 rows)
     "fp32out_split": (
         {
@@ -251,6 +262,7 @@ PDL_VARIANTS = {
     "linear_a8w8_tma_pdl": ("linear_a8w8_tma", {"PDL": True, "PREFETCH_LINES": 4}),
     "fp32out_split_pdl": ("fp32out_split", {"PDL": True, "PREFETCH_LINES": 8}),
     "gateup_f16_wide_pdl": ("gateup_f16_wide", {"PDL": True}),
+    "gateup_f16_wide_host_pdl": ("gateup_f16_wide_host", {"PDL": True}),
     "select_early_pdl": ("select_early", {"PDL": True}),
 }
 for _name, (_base, _extra) in PDL_VARIANTS.items():
@@ -314,8 +326,8 @@ def _compile(variant: str) -> int:
         if constexprs.get(name) in wide:
             constexprs[name] = wide[constexprs[name]]
     fn = kernel[variant.split("_")[0]]
-    for param in fn.params:  # constexprs left at their defaults (PDL off, no prefetch)
-        if param.is_constexpr and param.name not in constexprs and param.has_default:
+    for param in fn.params:  # parameters left at their defaults (PDL off, no descriptor)
+        if param.name not in constexprs and param.name not in signature and param.has_default:
             constexprs[param.name] = param.default
     signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     source = ASTSource(fn, signature, constexprs)
