@@ -135,10 +135,12 @@ LINEAR_F16 = {
     "SWAP_AB": False,
     "TMA": False,
 }
-# the top-k's one-program-per-row kernels at the decode default (8192 maxima and slots)
+# the top-k's one-program-per-row kernels at the decode default (8192 maxima, 128 of slack,
+# 8192 slots)
 THRESHOLD_ARGS = {**ROWS, **dict.fromkeys(THRESHOLD, "*i32"), "L": "i32", "k": "i32"}
 THRESHOLD_DECODE = {
     "M": 8192,
+    "SLACK": 128,
     "LEVELS": 5,
     "BITS": 16,
     "LIST": True,
@@ -174,7 +176,7 @@ VARIANTS = {
     "select_early": (SELECT_ARGS, {**SELECT_DECODE, "EARLY": True}),
     "compact_live": (
         {"logits_ptr": "*fp32", **ROWS, **dict.fromkeys(COMPACT, "*i32"), **SCALARS},
-        {"M": 8192, "LEVELS": 5, "CAP": 8192, "BLOCK": 1024},
+        {"M": 8192, "SLACK": 128, "LEVELS": 5, "CAP": 8192, "BLOCK": 1024},
     ),
     "fill_ragged": (
         {"logits_ptr": "*fp32", **ROWS, "stride_row": "i64", "width": "i32"},

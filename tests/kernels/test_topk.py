@@ -274,6 +274,93 @@ def test_threshold_short_windows_in_long_rows_keep_fine_segments():
     _assert_sets(got, reference(logits, starts, ends, 8))
 
 
+# M = 256 maxima vote for T (k = 16 needs only 64) and SLACK = M/64 = 4 segments past them are
+# compacted: windows of 4M + 1 to 4M + 16 = 1040 columns keep level 2 (4-column segments), the
+# last 1 to 16 columns their tail; 1041 columns take level 3.
+SLACKED = ThresholdTiles(segments=256, capacity=128, block=256, compact_block=64, chunks=3)
+
+
+def _slack_rows(seed):
+    """2048-column rows, windows around M + SLACK segments of SLACKED (k = 16), five of them
+    with the largest scores in the tail (the window's last columns)."""
+    g = torch.Generator().manual_seed(seed)
+    windows = {
+        "M segments of 4 columns": (0, 1024),
+        "M + 1: a tail of one column": (0, 1025),
+        "M + SLACK, the top k all in the tail": (0, 1040),
+        "M + SLACK + 1: 8-column segments": (0, 1041),
+        "M + SLACK, short in a padded row": (900, 1938),
+        "M + SLACK, unaligned start, the top k but one in the tail": (901, 1939),
+        "M + SLACK + 1, unaligned start": (903, 1941),
+        "M + 2 single columns, the top 2 in the tail": (0, 258),
+        "M + SLACK of 2 columns, unaligned start, the top 7 in the tail": (7, 525),
+        "exactly k columns": (0, 16),
+        "fewer than k columns": (5, 15),
+        "ties at the k-th key in the head and the tail": (0, 1040),
+        "all equal but the tail: the slow path": (0, 1040),
+        "the whole row, M segments of 8 columns": (0, 2048),
+    }
+    logits = torch.randn(len(windows), 2048, generator=g)
+    logits[2, 1024:1040] = 10.0 + torch.arange(16.0)
+    logits[5, 1924:1939] = 10.0 + torch.arange(15.0)
+    logits[7, 256:258] = 10.0 + torch.arange(2.0)
+    logits[8, 518:525] = 10.0 + torch.arange(7.0)
+    logits[11, [100, 500, *range(1024, 1040)]] = 5.0
+    logits[11, 1030] = 6.0  # and 15 of the 17 left at 5.0, by smallest index
+    logits[12] = 0.5
+    logits[12, 1030:1040] = 1.0
+    starts, ends = torch.tensor(list(windows.values()), dtype=I32).T.contiguous()
+    return logits, starts, ends, list(windows)
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [SLACKED, replace(SLACKED, by_segment=False), replace(SLACKED, early_exit=False),
+     replace(SLACKED, radix_search=True)],
+    ids=["by_segment", "scan", "full_search", "radix"],
+)  # fmt: skip
+def test_slack_segments_are_compacted(tiles):
+    """Windows whose segments run past M: the tail's maxima do not vote for T, but its columns
+    are candidates (a dropped tail loses the rows whose top k lie there), at every level, in
+    short windows of padded rows, from unaligned starts and on the slow path; and rows whose
+    whole width is M + SLACK segments of the last level."""
+    logits, starts, ends, names = _slack_rows(9)
+    counts = candidate_counts(logits, starts, ends, 16, tiles)
+    short = [names.index("exactly k columns"), names.index("fewer than k columns")]
+    slow = names.index("all equal but the tail: the slow path")
+    assert (counts[short] == 0).all() and counts[slow] > tiles.capacity, counts
+    fast = [r for r in range(len(names)) if r not in (*short, slow)]
+    assert (counts[fast] >= 16).all() and (counts[fast] <= tiles.capacity).all(), counts
+    got, want = topk(logits, starts, ends, 16, tiles), reference(logits, starts, ends, 16)
+    for r, name in enumerate(names):
+        assert sorted(got[r].tolist()) == sorted(want[r].tolist()), name
+    g = torch.Generator().manual_seed(10)
+    whole = torch.randn(2, 1040, generator=g)
+    whole[:, 1030:1040] = 10.0 + torch.arange(10.0)
+    starts, ends = torch.tensor([0, 3], dtype=I32), torch.tensor([1040, 1040], dtype=I32)
+    _assert_sets(topk(whole, starts, ends, 16, tiles), reference(whole, starts, ends, 16))
+
+
+@pytest.mark.parametrize("by_segment", [True, False], ids=["by_segment", "scan"])
+def test_windows_just_past_m_segments_keep_the_finer_level(by_segment):
+    """4M + 14 columns (M + SLACK segments of 4) keep level 2 where 4M + 17 take level 3. The
+    row's 32 largest scores are 16 pairs 4 columns apart, two 4-column segments' maxima but one
+    8-column segment's: at level 2 T is the 16th of the 32 and the candidates are the 16 above
+    it, as in the row cut to 4M columns; at level 3 T is the smallest pair's larger score and
+    31 or more columns reach it."""
+    tiles = replace(SLACKED, by_segment=by_segment)
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(1, 1041, generator=g).repeat(3, 1)
+    pair = torch.arange(16) * 64
+    logits[:, pair] = 10.0 + 2 * torch.arange(16.0)
+    logits[:, pair + 4] = 11.0 + 2 * torch.arange(16.0)
+    starts = torch.zeros(3, dtype=I32)
+    ends = torch.tensor([1024, 1038, 1041], dtype=I32)
+    counts = candidate_counts(logits, starts, ends, 16, tiles)
+    assert counts[0] == counts[1] == 16 and counts[2] >= 31, counts
+    _assert_sets(topk(logits, starts, ends, 16, tiles), reference(logits, starts, ends, 16))
+
+
 @pytest.mark.parametrize("tiles", [SMALL, RADIX], ids=["small", "radix"])
 def test_threshold_k_one_and_k_over_the_row(tiles):
     logits, starts, ends = _edge_rows(4, length=200)

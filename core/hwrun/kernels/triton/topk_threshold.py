@@ -4,31 +4,36 @@ exact selection runs over a few thousand candidates held in registers.
 
 1. ``_segment_max`` (rows x tiles programs): the largest key of every aligned segment of
    ``2**level`` columns of the row's window; ``level`` is per row, the smallest that leaves at
-   most ``M >= 4k`` segments, so a window longer than M columns keeps more than M/2 >= 2k of
-   them (and a short window in a long padded row keeps fine segments).
-2. ``_threshold`` (one program per row): T, the k-th largest segment maximum rounded down to
-   its top ``THRESHOLD_BITS`` bits, by a bitwise search over the maxima in registers that stops
-   at the first value with exactly k maxima at or above it (``ThresholdTiles.early_exit``; with
-   ``ThresholdTiles.radix_search``, 4 or 8 bits a round by histograms). The maxima are k distinct
-   columns scoring >= T, so T is never above the row's k-th key: every column of the result,
-   ties at the k-th key included, scores >= T.
+   most ``M + SLACK`` segments (``M >= 4k``, ``SLACK = M/64``), so a window longer than M
+   columns keeps more than M/2 >= 2k of them (and a short window in a long padded row keeps
+   fine segments). Segments 0 .. M-1 are the head, the at most SLACK after them the tail.
+2. ``_threshold`` (one program per row): T, the k-th largest of the head's segment maxima
+   rounded down to its top ``THRESHOLD_BITS`` bits, by a bitwise search over the M maxima in
+   registers that stops at the first value with exactly k maxima at or above it
+   (``ThresholdTiles.early_exit``; with ``ThresholdTiles.radix_search``, 4 or 8 bits a round by
+   histograms). The maxima are k distinct columns scoring >= T, so T is never above the row's
+   k-th key: every column of the result, ties at the k-th key included, scores >= T. The
+   tail's maxima do not vote, so the search's tile stays M wide (with them T could only be
+   higher: a few candidates fewer).
 3. ``_compact`` (rows x chunks programs): the window's keys >= T, read only in segments whose
-   maximum reaches T, appended to a per-row buffer of ``CAP`` slots (one atomic per tile,
-   the next tile's loads issued before it). With ``ThresholdTiles.by_segment``, ``_threshold``
-   also lists the segments whose maximum reaches T and ``_compact_live`` reads only their
-   columns, as flat tiles of that list (on the H200, ``_compact`` at 64 x 131072 took 52 us a
-   layer, 4x a full read of the rows: a scan and an atomic in each of 128 tiles a row).
+   maximum reaches T (the tail's too), appended to a per-row buffer of ``CAP`` slots (one
+   atomic per tile, the next tile's loads issued before it). With ``ThresholdTiles.by_segment``,
+   ``_threshold`` also lists the segments whose maximum reaches T (the head's, then the
+   tail's) and ``_compact_live`` reads only their columns, as flat tiles of that list (on the
+   H200, ``_compact`` at 64 x 131072 took 52 us a layer, 4x a full read of the rows: a scan and
+   an atomic in each of 128 tiles a row).
 4. ``select_candidates`` (topk_select.py; one program per row): the exact k-th key among the
    candidates by a search in registers (bit by bit, or by histograms as in 2); ties at it go
    by smallest index. A row with more than ``CAP`` candidates (heavy ties, scores clustered in
    whole segments) takes an exact slow path in the same program: 8-bit radix histograms over
    its window, then one ordered sweep.
 
-With m segments and independent scores a row has about -m ln(1 - k/m) candidates (2357 for
-m = 8192, k = 2048; under 1.39k while m > 2k). Nothing waits on the host and allocations depend
-on shapes only, so a CUDA graph captures it. Keys are the radix kernel's order-preserving uint32
-(NaN as -inf, -0.0 as +0.0). The output order is the candidates' (atomic) order: the contract
-compares sets.
+With m segments, min(m, M) of them voting, and independent scores a row has about
+-m ln(1 - k/min(m, M)) candidates (2357 for m = M = 8192, k = 2048; 2358 for m = 8196, a
+32782-column row at level 2; under 1.39k while m > 2k). Nothing waits on the host and
+allocations depend on shapes only, so a CUDA graph captures it. Keys are the radix kernel's
+order-preserving uint32 (NaN as -inf, -0.0 as +0.0). The output order is the candidates'
+(atomic) order: the contract compares sets.
 """
 
 from __future__ import annotations
@@ -57,12 +62,13 @@ MAX_K = 4096
 
 
 @triton.jit
-def _row_level(start, end, M: tl.constexpr, LEVELS: tl.constexpr):
+def _row_level(start, end, M: tl.constexpr, SLACK: tl.constexpr, LEVELS: tl.constexpr):
     """The smallest level whose aligned segments of 2**level columns cover [start, end) with at
-    most M of them (the host makes the last level cover a whole row)."""
+    most M + SLACK of them (the host's ``_levels``, by the same rule, makes the last level cover
+    a whole row)."""
     level = start * 0
     for lvl in tl.static_range(LEVELS - 1):
-        level += ((((end - 1) >> lvl) - (start >> lvl) + 1) > M).to(tl.int32)
+        level += ((((end - 1) >> lvl) - (start >> lvl) + 1) > M + SLACK).to(tl.int32)
     return level
 
 
@@ -71,11 +77,12 @@ def _segment_max(
     logits_ptr,  # [R, L] float32
     starts_ptr,  # [R] int32
     ends_ptr,  # [R] int32
-    max_ptr,  # [R, M] int32: uint32 keys, the first nseg of each row written
+    max_ptr,  # [R, M + SLACK] int32: uint32 keys, the first nseg of each row written
     row_stride,
     L,
     k,
     M: tl.constexpr,
+    SLACK: tl.constexpr,
     LEVELS: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,  # pdl.py's protocol
@@ -85,7 +92,7 @@ def _segment_max(
     lo = tl.program_id(1) * BLOCK
     start, end = window(starts_ptr, ends_ptr, row, L)
     if (end - start > k) & (lo < end) & (lo + BLOCK > start):
-        level = _row_level(start, end, M, LEVELS)
+        level = _row_level(start, end, M, SLACK, LEVELS)
         idx = lo + tl.arange(0, BLOCK)
         # Masked by the row end only (a multiple of 16 in the models): 16-byte vector loads.
         x = tl.load(logits_ptr + row * row_stride + idx, mask=idx < L, other=0.0)
@@ -97,7 +104,7 @@ def _segment_max(
                 seg = (lo >> lvl) - (start >> lvl) + tl.arange(0, BLOCK >> lvl)
                 nseg = ((end - 1) >> lvl) - (start >> lvl) + 1
                 tl.store(
-                    max_ptr + row * M + seg,
+                    max_ptr + row * (M + SLACK) + seg,
                     seg_max.to(tl.int32, bitcast=True),
                     mask=(seg >= 0) & (seg < nseg),
                 )
@@ -107,14 +114,15 @@ def _segment_max(
 def _threshold(
     starts_ptr,  # [R] int32
     ends_ptr,  # [R] int32
-    max_ptr,  # [R, M] int32
+    max_ptr,  # [R, M + SLACK] int32
     thresh_ptr,  # [R] int32: uint32 key T
     count_ptr,  # [R] int32: zeroed here for _compact
-    live_ptr,  # [R, M] int32: with LIST, the segments whose maximum reaches T, in order
+    live_ptr,  # [R, M + SLACK] int32: with LIST, the segments whose maximum reaches T, in order
     nlive_ptr,  # [R] int32: with LIST, how many
     L,
     k,
     M: tl.constexpr,
+    SLACK: tl.constexpr,
     LEVELS: tl.constexpr,
     BITS: tl.constexpr,
     LIST: tl.constexpr,
@@ -129,11 +137,13 @@ def _threshold(
     start, end = window(starts_ptr, ends_ptr, row, L)
     tl.store(count_ptr + row, 0)
     if end - start > k:
-        level = _row_level(start, end, M, LEVELS)
+        level = _row_level(start, end, M, SLACK, LEVELS)
         nseg = ((end - 1) >> level) - (start >> level) + 1
+        max_row = max_ptr + row * (M + SLACK)
         seg = tl.arange(0, M)
-        # The whole [M] row is allocated: an unmasked (vector) load, unwritten entries zeroed.
-        seg_max = tl.load(max_ptr + row * M + seg).to(tl.uint32, bitcast=True)
+        # The whole row is allocated: an unmasked (vector) load, unwritten entries zeroed. T
+        # from the head only: more than k segments whenever the window has more than k columns.
+        seg_max = tl.load(max_row + seg).to(tl.uint32, bitcast=True)
         seg_max = tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max))
         lo = tl.zeros((), tl.uint32)
         if RADIX:
@@ -145,10 +155,21 @@ def _threshold(
             t = kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, PAIRS)
         tl.store(thresh_ptr + row, t.to(tl.int32, bitcast=True))
         if LIST:
+            live_row = live_ptr + row * (M + SLACK)
             live = (seg < nseg) & (seg_max >= t)
             pos = tl.cumsum(live.to(tl.int32), 0) - 1
-            tl.store(live_ptr + row * M + pos, seg, mask=live)
-            tl.store(nlive_ptr + row, tl.sum(live.to(tl.int32), 0))
+            tl.store(live_row + pos, seg, mask=live)
+            nlive = tl.sum(live.to(tl.int32), 0)
+            # The tail votes for no T but holds columns >= T: listed after the head's. Skipped
+            # without one (its scan took 0.4 us of ~10.5 on the H200 at 64 x 32768).
+            if nseg > M:
+                tail = M + tl.arange(0, SLACK)
+                tail_max = tl.load(max_row + tail).to(tl.uint32, bitcast=True)
+                tail_live = (tail < nseg) & (tail_max >= t)
+                tail_pos = nlive + tl.cumsum(tail_live.to(tl.int32), 0) - 1
+                tl.store(live_row + tail_pos, tail, mask=tail_live)
+                nlive += tl.sum(tail_live.to(tl.int32), 0)
+            tl.store(nlive_ptr + row, nlive)
 
 
 @triton.jit
@@ -156,7 +177,7 @@ def _compact(
     logits_ptr,  # [R, L] float32
     starts_ptr,  # [R] int32
     ends_ptr,  # [R] int32
-    max_ptr,  # [R, M] int32
+    max_ptr,  # [R, M + SLACK] int32: the tail's maxima too
     thresh_ptr,  # [R] int32
     count_ptr,  # [R] int32: candidates of the row, CAP exceeded = slow path
     cand_key_ptr,  # [R, CAP] int32
@@ -166,6 +187,7 @@ def _compact(
     k,
     chunk,
     M: tl.constexpr,
+    SLACK: tl.constexpr,
     LEVELS: tl.constexpr,
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -176,11 +198,11 @@ def _compact(
     part = tl.program_id(1)
     start, end = window(starts_ptr, ends_ptr, row, L)
     if end - start > k:
-        level = _row_level(start, end, M, LEVELS)
+        level = _row_level(start, end, M, SLACK, LEVELS)
         first_seg = start >> level
         t = tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True)
         row_ptr = logits_ptr + row * row_stride
-        max_row = max_ptr + row * M - first_seg
+        max_row = max_ptr + row * (M + SLACK) - first_seg
         lo = tl.maximum(part * chunk, (start // BLOCK) * BLOCK)
         hi = tl.minimum(part * chunk + chunk, end)
         # Loads run ahead of each tile's scan and atomic, which would otherwise wait on them:
@@ -218,7 +240,7 @@ def _compact_live(
     logits_ptr,  # [R, L] float32
     starts_ptr,  # [R] int32
     ends_ptr,  # [R] int32
-    live_ptr,  # [R, M] int32: the live segments (_threshold with LIST)
+    live_ptr,  # [R, M + SLACK] int32: the live segments (_threshold with LIST)
     nlive_ptr,  # [R] int32
     thresh_ptr,  # [R] int32
     count_ptr,  # [R] int32
@@ -228,6 +250,7 @@ def _compact_live(
     L,
     k,
     M: tl.constexpr,
+    SLACK: tl.constexpr,
     LEVELS: tl.constexpr,
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -243,7 +266,7 @@ def _compact_live(
     parts = tl.num_programs(1)
     start, end = window(starts_ptr, ends_ptr, row, L)
     if end - start > k:
-        level = _row_level(start, end, M, LEVELS)
+        level = _row_level(start, end, M, SLACK, LEVELS)
         first = (start >> level) << level  # segment 0's first column
         within = (1 << level) - 1
         t = tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True)
@@ -251,7 +274,7 @@ def _compact_live(
         row_ptr = logits_ptr + row * row_stride
         for lo in range(part * BLOCK, total, parts * BLOCK):
             q = lo + tl.arange(0, BLOCK)
-            seg = tl.load(live_ptr + row * M + (q >> level), mask=q < total, other=0)
+            seg = tl.load(live_ptr + row * (M + SLACK) + (q >> level), mask=q < total, other=0)
             col = first + (seg << level) + (q & within)
             live = (q < total) & (col >= start) & (col < end)
             key = _sortable_key(tl.load(row_ptr + col, mask=live, other=0.0))
@@ -281,15 +304,16 @@ def _levels(length: int, segments: int) -> int:
 @dataclass(frozen=True)
 class ThresholdTiles:
     """Launch parameters. The defaults: 8 warps hold an 8192-key register tile in 32 registers
-    a thread (_threshold, select_candidates); 4096-column tiles give 16-byte loads, 4 per thread, in
-    _segment_max; the compaction reads only the live segments' columns (_compact_live), in
-    1024-column tiles, ~8 programs per SM. H200 sweeps of bench/topk_gpu.py (2026-12-01): the
-    live-segment compaction took 64 x 131072 from 82.6 to 48.1 us and 64 x 32768 from 37.9 to
-    31.7; 1024-column tiles had beaten 2048 (_compact: 87.9 against 116.1 us at 64 x 131072)."""
+    a thread (_threshold, select_candidates; _threshold's 128 tail maxima in one more);
+    4096-column tiles give 16-byte loads, 4 per thread, in _segment_max; the compaction reads
+    only the live segments' columns (_compact_live), in 1024-column tiles, ~8 programs per SM.
+    H200 sweeps of bench/topk_gpu.py (2026-12-01): the live-segment compaction took 64 x 131072
+    from 82.6 to 48.1 us and 64 x 32768 from 37.9 to 31.7; 1024-column tiles had beaten 2048
+    (_compact: 87.9 against 116.1 us at 64 x 131072)."""
 
-    segments: int = (
-        8192  # segment maxima per row (M, at least segments_per_k k): more, fewer candidates
-    )
+    # Segment maxima per row that vote for T (M, at least segments_per_k k; M/64 more, the
+    # tail, are compacted only): more, fewer candidates.
+    segments: int = 8192
     # The least M as a multiple of k: ~-m ln(1 - k/m) candidates, 2357 at 4k (k = 2048) and
     # 2839 at 2k, against a search over half the maxima in _threshold.
     segments_per_k: int = 4
@@ -399,7 +423,13 @@ def _run(
     # 1.39k candidates from independent scores); with m just above k, T would sit near the
     # bottom of the row. No more than the row's columns (level 0 then covers every window).
     M = min(max(pow2(tiles.segments), pow2(tiles.segments_per_k) * pow2(k)), pow2(width))
-    levels = _levels(width, M)
+    # Up to M/64 segments past M at the finer level (the tail: compacted, not voting for T).
+    # The engine's rows are just over a power of two (32782 columns: a 32K context and the
+    # decoded tokens), 4 segments too many for level 2 at M = 8192: at level 3 they took
+    # ~2840 candidates against ~2290 at 32768, and compaction and select 8.3 and 10.8 us a
+    # layer against 5.2 and 8.7 (H200).
+    slack = max(1, M // 64)
+    levels = _levels(width, M + slack)
     seg_block = max(tiles.block, 1 << (levels - 1))  # a segment never straddles two tiles
     cap = max(2, min(pow2(tiles.capacity), pow2(width)))  # a row has at most L candidates
     block = tiles.compact_block
@@ -410,7 +440,7 @@ def _run(
         )
         chunks = cdiv(8 * sms, R)
     chunk = cdiv(cdiv(width, max(1, min(chunks, cdiv(width, block)))), block) * block
-    seg_max = torch.empty((R, M), dtype=torch.int32, device=device)
+    seg_max = torch.empty((R, M + slack), dtype=torch.int32, device=device)
     thresh = torch.empty(R, dtype=torch.int32, device=device)
     cand = torch.empty((2, R, cap), dtype=torch.int32, device=device)
     rows = (starts.to(torch.int32), ends.to(torch.int32))  # clamped in the kernels
@@ -425,6 +455,7 @@ def _run(
         L,
         k,
         M,
+        slack,
         levels,
         seg_block,
         num_warps=warps,
@@ -437,21 +468,21 @@ def _run(
     # With by_segment, the live segments' list and count (else unused: seg_max stands in).
     live, nlive = seg_max, thresh
     if tiles.by_segment:
-        live = torch.empty((R, M), dtype=torch.int32, device=device)
+        live = torch.empty((R, M + slack), dtype=torch.int32, device=device)
         nlive = torch.empty(R, dtype=torch.int32, device=device)
     _threshold[(R,)](
-        *rows, seg_max, thresh, counts, live, nlive, L, k, M, levels, tiles.threshold_bits,
+        *rows, seg_max, thresh, counts, live, nlive, L, k, M, slack, levels, tiles.threshold_bits,
         tiles.by_segment, *search, num_warps=select_warps, **pdl_options(logits.device),
     )  # fmt: skip
     if tiles.by_segment:
         _compact_live[(R, max(1, min(chunks, cdiv(width, block))))](
             logits, *rows, live, nlive, thresh, counts, cand[0], cand[1], stride, L, k, M,
-            levels, cap, block, num_warps=warps, **pdl_options(logits.device),
+            slack, levels, cap, block, num_warps=warps, **pdl_options(logits.device),
         )  # fmt: skip
     else:
         _compact[(R, cdiv(width, chunk))](
             logits, *rows, seg_max, thresh, counts, cand[0], cand[1], stride, L, k, chunk,
-            M, levels, cap, block, num_warps=warps, **pdl_options(logits.device),
+            M, slack, levels, cap, block, num_warps=warps, **pdl_options(logits.device),
         )  # fmt: skip
     select_candidates[(R,)](
         logits, *rows, thresh, counts, cand[0], cand[1], out, stride, L, k,
@@ -469,7 +500,8 @@ def topk(
     tiles: ThresholdTiles = ThresholdTiles(),
 ) -> torch.Tensor:  # [R, k] int32, indices relative to starts, -1 padded
     """Top-k positions of each row's window ``[starts[r], ends[r])`` of ``logits`` (any order).
-    Scratch: R x (M + 2 CAP) int32. ``k > MAX_K`` runs the radix kernel."""
+    Scratch: R x (M + SLACK + 2 CAP) int32, with ``tiles.by_segment`` R x (M + SLACK) more
+    (the live list). ``k > MAX_K`` runs the radix kernel."""
     logits = checked_args(logits, starts, ends, k)
     if k > MAX_K:
         return radix_topk(logits, starts, ends, k)
