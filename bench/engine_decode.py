@@ -318,12 +318,18 @@ def add_format_args(parser: argparse.ArgumentParser, index_query_dtype: str = "f
         default="bf16",
         help="fp8: the block-FP8 linears as DeepSeek's inference code (dense.linear_a8w8)",
     )
+    parser.add_argument(
+        "--expert-activation-dtype",
+        default="bf16",
+        help="fp8: the block-FP8 experts' inputs as DeepSeek's inference code (moe.experts a8w8)",
+    )
 
 
 def format_options(args: argparse.Namespace) -> dict:
     """EngineConfig's platform and format fields from :func:`add_format_args`' flags."""
     names = ("platform", "kv_cache_dtype", "index_dtype", "index_query_dtype")
-    return {name: getattr(args, name) for name in (*names, "linear_activation_dtype")}
+    activations = ("linear_activation_dtype", "expert_activation_dtype")
+    return {name: getattr(args, name) for name in (*names, *activations)}
 
 
 # Gaps between kernels up to this long are inside a step; the synchronous bench's host work

@@ -1,7 +1,7 @@
 """GPU benchmark of the fused MoE (``moe.experts``, Triton) at DeepSeek-V3 expert shapes.
 
 Usage: ``python bench/moe_gpu.py [--tokens 1,8,64,512] [--weights fp8_block128|int4_g128]
-[--tune] [--out DIR] [--no-peers]``. Run from the repository root with
+[--activation-mode bf16|a8w8] [--tune] [--out DIR] [--no-peers]``. Run from the repository root with
 ``PYTHONPATH=core:plugins/nvidia``.
 
 256 experts, top 8, hidden 7168, expert width 2048, fp8 block-128 weights (or W4A16 int4
@@ -135,10 +135,16 @@ TUNE_GRID = [
 ]
 
 
+MODE = "bf16"  # moe.experts' activation mode; main() may rebind it (--activation-mode)
+
+
 def default_moe_tiles(tokens: int) -> moe.TileConfig:
     """The tiles moe.experts takes by default for ``tokens`` on this GPU."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return moe.default_tiles(tokens * TOP_K, EXPERTS, True, tokens=tokens, inter=INTER, num_sms=sms)
+    return moe.default_tiles(
+        tokens * TOP_K, EXPERTS, True, tokens=tokens, inter=INTER, num_sms=sms,
+        descriptors=True, a8w8=MODE == "a8w8",
+    )  # fmt: skip
 
 
 def breakdown(tokens, ids, w13, w2, shared) -> str:
@@ -152,7 +158,9 @@ def breakdown(tokens, ids, w13, w2, shared) -> str:
         lambda: moe_align.align_by_expert(ids, EXPERTS, tiles.block_m, with_shared=True)
     )
     gemm_us = bench(
-        lambda: moe._swiglu_grouped(x, w13, w2, shared, layout, route, slots, TOP_K, tiles)
+        lambda: moe._swiglu_grouped(
+            x, w13, w2, shared, layout, route, slots, TOP_K, tiles, MODE == "a8w8"
+        )
     )
     return f"T={tokens} breakdown: align {align_us:.1f} us, GEMM launches {gemm_us:.1f} us"
 
@@ -183,10 +191,10 @@ def moe_rows(
         flops = 2 * 3 * HIDDEN * INTER * (tokens * TOP_K + tokens)
 
         def run(tiles=None, x=x, ids=ids, weights=weights):
-            return moe.experts(x, w13, w2, ids, weights, "bf16", shared, tiles=tiles)
+            return moe.experts(x, w13, w2, ids, weights, MODE, shared, tiles=tiles)
 
         us = bench(run)
-        shape = f"T={tokens} E={EXPERTS} k={TOP_K} D={HIDDEN} I={INTER} {fmt} +shared"
+        shape = f"T={tokens} E={EXPERTS} k={TOP_K} D={HIDDEN} I={INTER} {fmt} {MODE} +shared"
         note = f"{touched} experts touched, {nbytes / 1e9:.2f} GB"
         rows.append(Row("moe.experts", shape, "triton", us, ceil.floor_us(nbytes, flops), {}, note))
         runs.append((tokens, ids, run))
@@ -266,9 +274,16 @@ def main() -> None:
         "64 x 4096 x 512",
     )
     parser.add_argument("--no-prefill", action="store_true", help="skip the sparse MLA prefill row")
+    parser.add_argument(
+        "--activation-mode",
+        choices=["bf16", "a8w8"],
+        default="bf16",
+        help="a8w8: e4m3 activations against the block-FP8 codes (DeepSeek's inference numerics)",
+    )
     args = parser.parse_args()
-    global EXPERTS, HIDDEN, INTER
+    global EXPERTS, HIDDEN, INTER, MODE
     EXPERTS, HIDDEN, INTER = SHAPES[args.shape]
+    MODE = args.activation_mode
     deadline = time.monotonic() + args.budget_s
     ceil, head = start_run()
     log: list[str] = []

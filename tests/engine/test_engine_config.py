@@ -11,6 +11,7 @@ def test_every_bad_format_and_count_is_named_with_its_choices():
         index_dtype="int8",
         index_query_dtype="fp4",
         linear_activation_dtype="int8",
+        expert_activation_dtype="fp4",
         max_num_seqs=0,
     )
     reasons = config.problems()
@@ -20,6 +21,8 @@ def test_every_bad_format_and_count_is_named_with_its_choices():
         "--index-dtype 'int8' is not an index-key format; choose one of bf16, fp8, mxfp4",
         "--index-query-dtype 'fp4' is not an indexer query dtype; choose one of bf16, fp8",
         "--linear-activation-dtype 'int8' is not a linear activation dtype; choose one of "
+        "bf16, fp8",
+        "--expert-activation-dtype 'fp4' is not an expert activation dtype; choose one of "
         "bf16, fp8",
         "--max-num-seqs must be >= 1",
     ):

@@ -337,3 +337,29 @@ def test_a_shared_expert_of_the_routed_shape_loads_as_their_group_e(fp8_model):
     e = f"model.layers.{layers[0]}.mlp.experts.{experts - 1}."
     last_down = stored[e + "down_proj.weight"].view(torch.uint8)
     assert torch.equal(mlp.w2.data[experts - 1], last_down)
+
+
+def test_fp8_expert_activations_run_moe_experts_a8w8(plugins, a8w8_model):  # noqa: F811
+    """--expert-activation-dtype fp8: moe.experts runs its a8w8 mode (the routed and shared
+    experts' inputs in e4m3, as DeepSeek's inference code), and the logits move by that
+    rounding only."""
+    flags = dict(model=str(a8w8_model.path), platform="reference", num_kv_tokens=8 * 64)
+    fp8 = _runner(plugins, expert_activation_dtype="fp8", **flags)
+    assert fp8.model.formats.expert_activation_mode == "a8w8"
+    chunk = [ScheduledChunk(0, [5, 9, 11, 3, 7], 0, [1], True)]
+    got = fp8.execute(chunk)[0].logits
+    plain = _runner(plugins, **flags)
+    assert plain.model.formats.expert_activation_mode == "bf16"
+    want = plain.execute(chunk)[0].logits
+    assert torch.isfinite(got).all() and not torch.equal(got, want)
+    assert _relative_row_errors(got, want).max().item() < 0.1  # e4m3 inputs of the MoE layers
+
+
+def test_fp8_expert_activations_refuse_experts_not_in_block_fp8(plugins, tmp_path):  # noqa: F811
+    build_tiny_model(tmp_path, seed=4, **A8W8_READY)  # bf16 weights
+    with pytest.raises(EngineStartupError) as err:
+        _runner(plugins, model=str(tmp_path), platform="reference", num_kv_tokens=8 * 64,
+                expert_activation_dtype="fp8")  # fmt: skip
+    reasons = " | ".join(err.value.reasons)
+    assert "is bf16; fp8 expert activations need fp8_block128/fp8_block128_ue8m0" in reasons
+    assert "use --expert-activation-dtype bf16" in reasons

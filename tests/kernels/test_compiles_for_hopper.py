@@ -113,6 +113,9 @@ DOWN = {
 HOST_CODES = "tensordesc<fp8e4nv[128, 128]>"
 # f16 products (the decode tiles' default): x and h read as f16 with their row scales
 MOE_F16 = {"FORMAT": 1, "HAS_SHARED": True, "WIDE": "fp16", "F16": True, "BLOCK_M": 16}
+# a8w8: e4m3 activations against the e4m3 codes
+MOE_A8W8 = {"FORMAT": 1, "HAS_SHARED": True, "WIDE": "fp8e4nv", "F16": False, "BLOCK_M": 16}
+MOE_A8W8["A8"] = True
 # dense.linear over e4m3 weights with f16 products: x as scaled f16
 LINEAR = {
     "x_ptr": "*fp16",
@@ -244,6 +247,19 @@ VARIANTS = {
         {**DOWN, "h_ptr": "*fp16", "codes_desc": HOST_CODES},
         {**MOE_F16, "BLOCK_N": 128, "BLOCK_K": 128, "H_GROUP": 128, "TMA": True, "HOST_TMA": True},
     ),
+    # a8w8: e4m3 codes on both sides (x and h as uint8 codes with fp32 scales), host descriptors
+    "gateup_a8w8_host": (
+        {**GATE_UP, "x_ptr": "*u8", "h_ptr": "*u8", "codes_desc": HOST_CODES},
+        {**MOE_A8W8, "BLOCK_N": 128, "BLOCK_K": 128, "SPLITS": 4, "TMA": True, "HOST_TMA": True},
+    ),
+    "gateup_a8w8_ue8m0": (
+        {**GATE_UP, "x_ptr": "*u8", "h_ptr": "*u8"},
+        {**MOE_A8W8, "FORMAT": 2, "UE8M0": True, "BLOCK_N": 128, "BLOCK_K": 128, "SPLITS": 1},
+    ),
+    "down_a8w8_host": (
+        {**DOWN, "h_ptr": "*u8", "codes_desc": HOST_CODES},
+        {**MOE_A8W8, "BLOCK_N": 128, "BLOCK_K": 128, "H_GROUP": 128, "TMA": True, "HOST_TMA": True},
+    ),
     # Fp32Linear at decode: bf16 tiles, fp32 sums, the K runs added by the last (8 of 64 rows)
     "fp32out_split": (
         {
@@ -265,6 +281,7 @@ PDL_VARIANTS = {
     "fp32out_split_pdl": ("fp32out_split", {"PDL": True, "PREFETCH_LINES": 8}),
     "gateup_f16_wide_pdl": ("gateup_f16_wide", {"PDL": True}),
     "gateup_f16_wide_host_pdl": ("gateup_f16_wide_host", {"PDL": True}),
+    "gateup_a8w8_host_pdl": ("gateup_a8w8_host", {"PDL": True}),
     "select_early_pdl": ("select_early", {"PDL": True}),
 }
 for _name, (_base, _extra) in PDL_VARIANTS.items():

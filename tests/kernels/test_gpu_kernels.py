@@ -301,6 +301,63 @@ def test_moe_experts_decode_tile_variants_bench_model_shapes(
     assert torch.equal(got, again)
 
 
+def _a8w8_close(got, want, bf16):
+    """a8w8 against its reference, with the tolerance the e4m3 intermediate needs. The products
+    are summed in another order, and within each 128-wide K step in the matrix units' reduced
+    fp8 accumulation (Triton's default on sm_90, DeepGEMM's promotion interval), so some gate/up
+    sums land on the other side of an e4m3 rounding of silu(gate) * up: each such flip moves
+    every output of its row by one e4m3 step (1/8) of one of I terms. On the H200 (2026-12-04)
+    that left 2-9% of the outputs past _moe_close's tolerance, at most 0.9% of the output's
+    scale, where the bf16 activations' result sits 3-5% away. So: within 2^-5 of the scale,
+    and at least four times nearer to the a8w8 reference than to the bf16 one (the activations
+    are quantized)."""
+    scale = float(want.float().abs().amax())
+    torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=2**-5 * scale)
+    error = (got.float() - want.float()).norm()
+    assert error * 4 < (got.float() - bf16.float()).norm()
+
+
+@pytest.mark.parametrize(
+    "shape,tokens,splits,stages",
+    [("v3", 1, 1, 3), ("v3", 64, 1, 4), ("v3", 300, 1, 3), ("bench", 1, 4, 3),
+     ("bench", 16, 1, 3), ("bench", 64, 4, 4), ("bench", 64, 1, 3)],
+)  # fmt: skip
+def test_moe_experts_a8w8_at_model_shapes(shape, tokens, splits, stages):
+    """a8w8 (e4m3 activations, wgmma e4m3 x e4m3) at DeepSeek-V3's experts (256 x 7168 x 2048)
+    and the bench model's (64 x 4096 x 512), one shared expert as group E through the host
+    descriptors, against the reference's a8w8; the default tiles, then forced splits and
+    stages at 16 x 128. Split runs repeat bit for bit."""
+    from dataclasses import replace
+
+    from hwrun.kernels.triton.moe import DECODE_TILES, a8w8_tiles, experts, stack_shared_group
+    from hwrun.ops.moe_experts import experts as reference
+
+    num_experts, hidden, inter = (256, 7168, 2048) if shape == "v3" else (64, 4096, 512)
+    k = 8
+    w13, sw13 = stack_shared_group(
+        _fp8_experts(num_experts, 2 * inter, hidden, "w13"), _fp8_experts(0, 2 * inter, hidden, "s")
+    )
+    w2, sw2 = stack_shared_group(
+        _fp8_experts(num_experts, hidden, inter, "w2"), _fp8_experts(0, hidden, inter, "sw2")
+    )
+    shared = (sw13, sw2)
+    x = (torch.randn(tokens, hidden, device="cuda") * 0.1).to(torch.bfloat16)
+    x[0, :7] *= 1e3  # one token's groups far from the rest: their scales are their own
+    ids = torch.rand(tokens, num_experts, device="cuda").argsort(1)[:, :k].to(torch.int32)
+    ids[0, 2] = -1
+    weights = torch.rand(tokens, k, device="cuda")
+    want = reference(x, w13, w2, ids, weights, "a8w8", shared)
+    got = experts(x, w13, w2, ids, weights, "a8w8", shared)
+    _a8w8_close(got, want, reference(x, w13, w2, ids, weights, "bf16", shared))
+    tiles = replace(
+        a8w8_tiles(DECODE_TILES), gate_up_splits=splits, num_stages=stages, tma=True,
+        host_descriptors=True,
+    )  # fmt: skip
+    forced = experts(x, w13, w2, ids, weights, "a8w8", shared, tiles=tiles)
+    _a8w8_close(forced, want, reference(x, w13, w2, ids, weights, "bf16", shared))
+    assert torch.equal(forced, experts(x, w13, w2, ids, weights, "a8w8", shared, tiles=tiles))
+
+
 def _int4_experts(experts, rows, cols, name):
     """A random int4_g128 weight (W4A16) built from codes: every nibble, scales around 0.02."""
     from hwrun.ops.quantized_weight import QuantizedWeight

@@ -239,6 +239,62 @@ def test_tensor_descriptors_only_for_e4m3_codes_they_can_address():
     _close(experts(**odd, tiles=tiles), reference(**odd))
 
 
+A8W8_TILES = TileConfig(16, 128, 128, 4, 1)
+
+
+@pytest.mark.parametrize(
+    "fmt,shared_inter,splits,tma,host",
+    [("fp8_block128", 128, 1, False, False), ("fp8_block128_ue8m0", 128, 3, True, True),
+     ("fp8_block128", 256, 2, True, False), ("fp8_block128_ue8m0", 256, 1, False, False)],
+)  # fmt: skip
+def test_a8w8_matches_the_reference(fmt, shared_inter, splits, tma, host):
+    # e4m3 activations (powers-of-two scales with ue8m0 weights): x quantized in one launch, the
+    # intermediate by the gate/up tile that holds its 128 columns, both products e4m3 x e4m3.
+    # Shared experts of the routed width ride as group E (through the host descriptors when
+    # stacked); wider ones take launches of their own. D = 384: three K steps, split in 2-3.
+    from hwrun.kernels.triton.moe import stack_shared_group
+
+    g = torch.Generator().manual_seed(51 + splits)
+    args = _problem(g, fmt, 9, 4, 384, 128, 2, shared_inter=shared_inter)
+    args["ids"][3, 1] = -1
+    args["ids"][5, :] = -1  # only the shared experts
+    args["x"][6] = 0  # an all-zero row: its groups take the floor scale
+    if host:
+        sw13, sw2 = args["shared_experts"]
+        args["w13"], sw13 = stack_shared_group(args["w13"], sw13)
+        args["w2"], sw2 = stack_shared_group(args["w2"], sw2)
+        args["shared_experts"] = (sw13, sw2)
+    tiles = replace(A8W8_TILES, gate_up_splits=splits, tma=tma, host_descriptors=host)
+    got = experts(**args, activation_mode="a8w8", tiles=tiles)
+    want = reference(**args, activation_mode="a8w8")
+    _close(got, want)
+    # the activations' e4m3 rounding is there: the bf16 reference is measurably farther away
+    bf16 = reference(**args)
+    assert (got.float() - want.float()).norm() * 4 < (got.float() - bf16.float()).norm()
+
+
+def test_a8w8_default_tiles_keep_the_intermediate_groups_whole():
+    from hwrun.kernels.triton.moe import default_tiles
+
+    for tokens in (1, 8, 64, 2048):
+        got = default_tiles(
+            tokens * 8, 64, True, tokens=tokens, inter=512, num_sms=132, a8w8=True,
+            descriptors=True,
+        )  # fmt: skip
+        assert (got.block_n, got.block_k, got.f16_products) == (128, 128, False)
+    one = default_tiles(8, 64, True, tokens=1, inter=512, num_sms=132, a8w8=True)
+    assert one.gate_up_splits >= 2  # a sixth of a wave: split K instead of narrower tiles
+    args = _problem(torch.Generator().manual_seed(52), "fp8_block128", 3, 4, 256, 128, 2)
+    got = experts(**args, activation_mode="a8w8")  # the interpreter's tiles, made a8w8's
+    _close(got, reference(**args, activation_mode="a8w8"))
+
+
+def test_a8w8_refuses_tiles_that_cut_its_groups():
+    args = _problem(torch.Generator().manual_seed(53), "fp8_block128", 3, 4, 256, 128, 2)
+    with pytest.raises(ValueError, match="a8w8 tiles must be 128 wide and deep"):
+        experts(**args, activation_mode="a8w8", tiles=TileConfig(16, 64, 128, 4, 1))
+
+
 @pytest.mark.parametrize("tokens", [0, 1])
 def test_zero_and_one_token(tokens):
     g = torch.Generator().manual_seed(14)

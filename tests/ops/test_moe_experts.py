@@ -263,3 +263,61 @@ def test_a_token_gets_the_same_bits_alone_and_in_a_batch(format, mode):
             x[row : row + 1], w13, w2, ids[row : row + 1], weights[row : row + 1], mode, shared
         )
         assert torch.equal(alone, batch[row : row + 1])
+
+
+@pytest.mark.parametrize("format", ["fp8_block128", "fp8_block128_ue8m0"])
+def test_a8w8_quantizes_every_gemm_input_as_deepseek_does(format):
+    # The routed and the shared experts' inputs x and silu(gate) * up, each as e4m3 per token
+    # and 128 values (powers of two with ue8m0 weights), through hwrun.formats directly.
+    import torch.nn.functional as F
+
+    from hwrun.formats.fp8 import dequantize_fp8_groups, quantize_fp8_groups
+
+    ue8m0 = format == "fp8_block128_ue8m0"
+    w13, w2 = small_weights(format, experts_=3, hidden=256, inter=128, seed=8)
+    s13, s2 = small_weights(format, experts_=1, hidden=256, inter=128, seed=9)
+    shared = (s13.expert(0), s2.expert(0))
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(5, 256, generator=generator).bfloat16()
+    ids = torch.randint(0, 3, (5, 2), generator=generator, dtype=torch.int32)
+    ids[1, 0] = -1
+    weights = torch.rand(5, 2, generator=generator)
+
+    def fp8(a):
+        return dequantize_fp8_groups(*quantize_fp8_groups(a.float(), 128, ue8m0=ue8m0))
+
+    def mlp(row, up_gate, down):
+        gate, up = (up_gate.dequantize() @ fp8(row[None])[0]).chunk(2)
+        return down.dequantize() @ fp8((F.silu(gate) * up)[None])[0]
+
+    want = torch.zeros(5, 256)
+    for t in range(5):
+        for j in range(2):
+            if ids[t, j] >= 0:
+                e = int(ids[t, j])
+                want[t] += weights[t, j] * mlp(x[t], w13.expert(e), w2.expert(e))
+        want[t] += mlp(x[t], *shared)
+    got = experts(x, w13, w2, ids, weights, "a8w8", shared)
+    # The reference adds a token's experts in id order, this sum in slot order: fp32 rounding
+    # apart, which may move the bf16 output by one unit (2^-7 relative at most).
+    torch.testing.assert_close(got.float(), want.bfloat16().float(), rtol=2**-7, atol=1e-5)
+    # and the activations' rounding is seen: bf16 activations give another result
+    assert not torch.equal(got, experts(x, w13, w2, ids, weights, "bf16", shared))
+
+
+def test_a8w8_refuses_weights_that_are_not_block_fp8():
+    x, weights = torch.zeros(2, 128).bfloat16(), torch.ones(2, 1)
+    ids = torch.zeros(2, 1, dtype=torch.int32)
+    w13, w2 = small_weights("mxfp4")
+    with pytest.raises(ValueError, match="'a8w8' runs on fp8_block128/fp8_block128_ue8m0"):
+        experts(x, w13, w2, ids, weights, "a8w8")
+    w13, w2 = small_weights("fp8_block128")
+    bf16_shared_pair = small_weights("bf16", experts_=1)
+    shared = (bf16_shared_pair[0].expert(0), bf16_shared_pair[1].expert(0))
+    with pytest.raises(ValueError, match="quantize it to block-FP8 or use 'bf16'"):
+        experts(x, w13, w2, ids, weights, "a8w8", shared)
+    narrow = small_weights("fp8_block128", experts_=1, inter=64)
+    with pytest.raises(ValueError, match="their width 64 must be a multiple of 128"):
+        experts(x, w13, w2, ids, weights, "a8w8", (narrow[0].expert(0), narrow[1].expert(0)))
+    # bf16 activations still take bf16 shared experts beside block-FP8 routed ones
+    assert experts(x, w13, w2, ids, weights, "bf16", shared).shape == (2, 128)

@@ -151,6 +151,16 @@ def cases(op: str) -> list[Case]:
                 about="W4A16: int4 group-128 weights, bf16 activations (PPU)",
             ),
             *_experts("fp8_block128_ue8m0", "bf16", 417, quick=False, about="ue8m0 block scales"),
+            *_experts(
+                "fp8_block128",
+                "a8w8",
+                424,
+                shared=True,
+                about="fp8 block-128 experts, fp8 activations, shared experts too (DeepSeek)",
+            ),
+            *_experts(
+                "fp8_block128_ue8m0", "a8w8", 425, hidden=256, quick=False, about="ue8m0, a8w8"
+            ),
             *_experts("mxfp4", "bf16", 418, tokens=0, about="no tokens"),
             *_experts("bf16", "bf16", 419, tokens=1, experts=8, k=4, about="one token"),
             *_experts(
@@ -300,6 +310,7 @@ _EXPERT_FORMATS = (
     ("mxfp4", "a4w4"),
     ("mxfp4", "bf16"),
     ("fp8_block128", "bf16"),
+    ("fp8_block128", "a8w8"),
     ("fp8_block128_ue8m0", "bf16"),
     ("nvfp4", "bf16"),
     ("int4_g128", "bf16"),

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from hwrun.engine.config import (
+    EXPERT_ACTIVATION_DTYPES,
     INDEX_DTYPES,
     INDEX_QUERY_DTYPES,
     LATENT_DTYPES,
@@ -24,6 +25,7 @@ ENGINE_FLAGS = (
     "index_dtype",
     "index_query_dtype",
     "linear_activation_dtype",
+    "expert_activation_dtype",
     "max_model_len",
     "max_num_seqs",
     "max_num_batched_tokens",
@@ -83,6 +85,15 @@ def engine_flags(command: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="Inputs of the block-FP8 linears: bf16 (as transformers), or fp8 per token and "
             "128 columns (as DeepSeek's inference code; e4m3 on both sides of the GEMM).",
+        ),
+        click.option(
+            "--expert-activation-dtype",
+            type=click.Choice(EXPERT_ACTIVATION_DTYPES),
+            default="bf16",
+            show_default=True,
+            help="Inputs of the block-FP8 experts' GEMMs, shared experts included: bf16 (as "
+            "transformers), or fp8 per token and 128 values (as DeepSeek's inference code; "
+            "moe.experts' a8w8 mode).",
         ),
         click.option(
             "--max-model-len",

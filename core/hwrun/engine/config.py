@@ -9,6 +9,7 @@ LATENT_DTYPES = ("bf16", "fp8_ds_mla", "nvfp4_ds_mla")
 INDEX_DTYPES = ("bf16", "fp8", "mxfp4")
 INDEX_QUERY_DTYPES = ("bf16", "fp8")
 LINEAR_ACTIVATION_DTYPES = ("bf16", "fp8")
+EXPERT_ACTIVATION_DTYPES = ("bf16", "fp8")
 
 
 def default_model_dir() -> Path:
@@ -36,6 +37,10 @@ class EngineConfig:
     # The block-FP8 linears' inputs: "bf16" as transformers multiplies them, or "fp8" (e4m3, one
     # scale per token and 128 columns) as DeepSeek's inference code does (dense.linear_a8w8).
     linear_activation_dtype: str = "bf16"
+    # The routed and shared experts' GEMM inputs: "bf16" as transformers multiplies them, or
+    # "fp8" (moe.experts' a8w8 mode: e4m3 per token and 128 values) as DeepSeek's inference code
+    # quantizes every FP8 linear's input. Block-FP8 experts only.
+    expert_activation_dtype: str = "bf16"
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
@@ -78,6 +83,12 @@ class EngineConfig:
                 self.linear_activation_dtype,
                 LINEAR_ACTIVATION_DTYPES,
                 "a linear activation dtype",
+            ),
+            (
+                "--expert-activation-dtype",
+                self.expert_activation_dtype,
+                EXPERT_ACTIVATION_DTYPES,
+                "an expert activation dtype",
             ),
         ):
             if value not in choices:

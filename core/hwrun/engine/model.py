@@ -345,7 +345,13 @@ class DeepseekV32:
             routed_scaling_factor=c.routed_scaling_factor,
         )
         return self.ops["moe.experts"](
-            x, w.w13, w.w2, ids, route_weights, "bf16", shared_experts=w.shared
+            x,
+            w.w13,
+            w.w2,
+            ids,
+            route_weights,
+            self.formats.expert_activation_mode,
+            shared_experts=w.shared,
         )
 
     # -- plain torch helpers --------------------------------------------------------------------

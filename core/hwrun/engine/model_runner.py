@@ -38,7 +38,7 @@ from hwrun.engine.op_table import (
     resolve_ops,
 )
 from hwrun.engine.tensor_parallel import shard_config, shard_weights, tp_reasons
-from hwrun.engine.weights import MoEWeights, load_weights
+from hwrun.engine.weights import MoEWeights, expert_a8w8_reasons, load_weights
 from hwrun.kv.layout import PackedLayout, plan_packed_layout
 from hwrun.kv.views import allocate_cache, kernel_id_reasons
 from hwrun.models.hf_config import spec_from_hf_config
@@ -368,6 +368,9 @@ def build_model_runner(
     if linear_a8w8 and (reasons := a8w8_reasons(weights)):
         raise EngineStartupError(f"{model_dir} cannot run with fp8 linear activations", reasons)
     weights = shard_weights(weights, model_config, shard.rank, shard.world)
+    expert_mode = "a8w8" if config.expert_activation_dtype == "fp8" else "bf16"
+    if expert_mode == "a8w8" and (reasons := expert_a8w8_reasons(weights)):
+        raise EngineStartupError(f"{model_dir} cannot run with fp8 expert activations", reasons)
     if shard.world == 1:  # tensor parallelism splits these projections each its own way
         weights = fuse_projections(weights)
     model_config = shard_config(model_config, shard.world)
@@ -380,6 +383,7 @@ def build_model_runner(
         index_query_fp8=config.index_query_dtype == "fp8",
         linear_formats=linear_formats,
         linear_a8w8=linear_a8w8,
+        expert_activation_mode=expert_mode,
     )
     arch = target.arch if device.type == target.device_type else None
     specs = engine_op_specs(model_config, formats, device.type, arch, context.world)

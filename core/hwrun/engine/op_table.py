@@ -64,6 +64,7 @@ class ModelFormats:
     index_query_fp8: bool = False  # the indexer's queries in e4m3 (else the activation dtype)
     linear_formats: tuple[str, ...] = ()  # dense.linear weight formats (block-FP8 projections)
     linear_a8w8: bool = False  # those linears through dense.linear_a8w8 (activations in e4m3)
+    expert_activation_mode: str = "bf16"  # moe.experts' activation mode: bf16, or a8w8
 
     @property
     def linear_op(self) -> str:
@@ -100,7 +101,8 @@ def engine_op_specs(
         OpSpec("sparse_mla.decode", formats.dtype, (formats.latent_format,),
                block_size=formats.block_size, **attention),
         OpSpec("moe.route", "float32", topk=config.num_experts_per_tok),
-        OpSpec("moe.experts", formats.dtype, (formats.expert_format, "bf16"),
+        OpSpec("moe.experts", formats.dtype,
+               (formats.expert_format, formats.expert_activation_mode),
                topk=config.num_experts_per_tok),
     ]  # fmt: skip
     if formats.linear_formats:

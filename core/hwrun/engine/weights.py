@@ -397,3 +397,30 @@ def _shared_as_group_e(
     w13, shared13 = stack_shared_group(w13, shared[0])
     w2, shared2 = stack_shared_group(w2, shared[1])
     return w13, w2, (shared13, shared2)
+
+
+def expert_a8w8_reasons(weights: ModelWeights) -> list[str]:
+    """Why the experts cannot take e4m3 activations (``moe.experts``' a8w8 mode: block-FP8
+    weights, the shared experts' too, with both matrix sizes multiples of 128); none: ``[]``."""
+    from hwrun.ops.moe_experts import ACTIVATION_MODES
+
+    formats, group = ACTIVATION_MODES["a8w8"]
+    reasons = []
+    for index, layer in enumerate(weights.layers):
+        if not isinstance(layer.mlp, MoEWeights):
+            continue
+        mlp = layer.mlp
+        for weight in (mlp.w13, mlp.w2, *(mlp.shared or ())):
+            if weight.format not in formats:
+                reasons.append(
+                    f"layer {index}: {weight.name} is {weight.format}; fp8 expert activations "
+                    f"need {'/'.join(formats)} experts (use --expert-activation-dtype bf16)"
+                )
+            elif any(size % group for size in weight.shape[-2:]):
+                reasons.append(
+                    f"layer {index}: {weight.name} {list(weight.shape)} is not in whole groups of "
+                    f"{group} (a tensor-parallel split may have cut them)"
+                )
+    if not reasons and not any(isinstance(layer.mlp, MoEWeights) for layer in weights.layers):
+        reasons.append("the model has no MoE layers: --expert-activation-dtype fp8 changes nothing")
+    return reasons

@@ -14,9 +14,15 @@ not depend on the batch it came in (the reference platform's ``batch_invariant``
 - ``a8w4``: activations as fp8 e4m3, one fp32 scale per token per 128 values (DeepGEMM's and
   AITER's per-token-group quantization); mxfp4 weights (the ROCm FP8-requant path's default).
 - ``a4w4``: activations as mxfp4 (FLOOR scale rule, one e8m0 scale per 32); mxfp4 weights.
+- ``a8w8``: activations as fp8 e4m3, one scale per token per 128 values (``hwrun.formats``'
+  ``quantize_fp8_groups``, as ``dense.linear_a8w8`` quantizes), over block-FP8 weights:
+  DeepSeek-V3's FP8 inference, which quantizes every FP8 linear's input. The scales are fp32,
+  or powers of two (ue8m0) when the routed weights are ``fp8_block128_ue8m0``.
 
-Shared experts always take bf16 activations: the checkpoints keep them out of the routed
-experts' quantization (ML4's MXFP4 checkpoint keeps them in their original precision).
+Shared experts take bf16 activations, except under ``a8w8``: the MXFP4 checkpoints keep them out
+of the routed experts' quantization (ML4's keeps them in their original precision), while
+DeepSeek's FP8 checkpoints store them in block-FP8 like the routed ones and its inference code
+quantizes their inputs as it does every FP8 linear's; under ``a8w8`` they must be block-FP8 too.
 """
 
 from __future__ import annotations
@@ -33,17 +39,22 @@ ACTIVATION_MODES: dict[str, tuple[tuple[str, ...] | None, int]] = {
     "bf16": (None, 1),  # None: every weight format
     "a8w4": (("mxfp4",), 128),
     "a4w4": (("mxfp4",), 32),
+    "a8w8": (("fp8_block128", "fp8_block128_ue8m0"), 128),
 }
 
 
-def quantize_activation(a: torch.Tensor, mode: str) -> torch.Tensor:  # [T, N] -> [T, N] fp32
-    """``a`` rounded to the activation format of ``mode`` and decoded back to fp32."""
+def quantize_activation(
+    a: torch.Tensor, mode: str, ue8m0: bool = False
+) -> torch.Tensor:  # [T, N] -> [T, N] fp32
+    """``a`` rounded to the activation format of ``mode`` and decoded back to fp32 (``ue8m0``:
+    a8w8's scales as powers of two)."""
     if mode == "bf16":
         return a.to(torch.bfloat16).float()
     if a.shape[0] == 0:
         return a.float()
-    if mode == "a8w4":
-        return dequantize_fp8_groups(*quantize_fp8_groups(a.float(), group=128))
+    if mode in ("a8w4", "a8w8"):
+        groups = quantize_fp8_groups(a.float(), group=128, ue8m0=ue8m0 and mode == "a8w8")
+        return dequantize_fp8_groups(*groups)
     return dequantize_mxfp4(*quantize_mxfp4(a.float()))
 
 
@@ -52,6 +63,7 @@ def _swiglu(
     w13: torch.Tensor,  # [2I, D] fp32
     w2: QuantizedWeight,  # [D, I]
     mode: str,
+    ue8m0: bool = False,
 ) -> torch.Tensor:  # [n, D] fp32
     """One token at a time (matrix-vector products): CPU BLAS rounds a matrix product
     differently with its row count, and a token must get the same bits in any batch."""
@@ -59,7 +71,7 @@ def _swiglu(
     out = torch.empty(a.shape[0], w2_dense.shape[0], dtype=torch.float32, device=a.device)
     for row in range(a.shape[0]):
         gate, up = (w13 @ a[row]).chunk(2)
-        hidden = quantize_activation((F.silu(gate) * up).unsqueeze(0), mode)[0]
+        hidden = quantize_activation((F.silu(gate) * up).unsqueeze(0), mode, ue8m0)[0]
         out[row] = w2_dense @ hidden
     return out
 
@@ -84,16 +96,19 @@ def experts(
     _check_experts_args(x, w13, w2, ids, weights, activation_mode, shared_experts)
     num_tokens, hidden = x.shape
     out = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=x.device)
-    routed_input = quantize_activation(x, activation_mode)
+    ue8m0 = w13.format == "fp8_block128_ue8m0"
+    routed_input = quantize_activation(x, activation_mode, ue8m0)
     ids = ids.long()
     for expert in torch.unique(ids[ids >= 0]).tolist():
         rows, slots = torch.nonzero(ids == expert, as_tuple=True)
         w13_e = w13.expert(expert).dequantize()
-        y = _swiglu(routed_input[rows], w13_e, w2.expert(expert), activation_mode)
+        y = _swiglu(routed_input[rows], w13_e, w2.expert(expert), activation_mode, ue8m0)
         out.index_add_(0, rows, y * weights[rows, slots].float().unsqueeze(-1))
     if shared_experts is not None:
         shared_w13, shared_w2 = shared_experts
-        out += _swiglu(quantize_activation(x, "bf16"), shared_w13.dequantize(), shared_w2, "bf16")
+        mode = activation_mode if activation_mode == "a8w8" else "bf16"
+        shared_input = quantize_activation(x, mode, ue8m0)
+        out += _swiglu(shared_input, shared_w13.dequantize(), shared_w2, mode, ue8m0)
     return out.to(x.dtype)
 
 
@@ -158,16 +173,26 @@ def _check_experts_args(
         problems.append(f"activation_mode must be one of {list(ACTIVATION_MODES)}, got {mode!r}")
     else:
         formats, multiple = ACTIVATION_MODES[mode]
-        for weight in (w13, w2):
+        quantized_inputs = (w13, w2, *(shared if mode == "a8w8" and shared is not None else ()))
+        for weight in quantized_inputs:
             if formats is not None and weight.format not in formats:
+                fix = "requantize it (moe.requant)"
+                if mode == "a8w8":
+                    fix = "quantize it to block-FP8"
                 problems.append(
                     f"activation_mode {mode!r} runs on {'/'.join(formats)} weights, but "
-                    f"{weight.name} is {weight.format}; requantize it (moe.requant) or use 'bf16'"
+                    f"{weight.name} is {weight.format}; {fix} or use 'bf16'"
                 )
         if inter is not None and (hidden % multiple or inter % multiple):
             problems.append(
                 f"activation_mode {mode!r} quantizes groups of {multiple}: D = "
                 f"{hidden} and I = {inter} must be multiples of {multiple}"
+            )
+        shared_inter = shared[1].shape[-1] if mode == "a8w8" and shared is not None else 0
+        if shared_inter % multiple:
+            problems.append(
+                f"activation_mode {mode!r} quantizes the shared experts' inputs too: their "
+                f"width {shared_inter} must be a multiple of {multiple}"
             )
     if shared is not None:
         shared_w13, shared_w2 = shared

@@ -27,6 +27,25 @@ GROUPS_PER_PROGRAM = 8
 
 
 @triton.jit
+def e4m3_groups(x, UE8M0: tl.constexpr):
+    """e4m3 codes (uint8) and fp32 scales of ``x`` [R, G] fp32, one group a row, by the rule of
+    hwrun.formats.fp8 (also the fused MoE's a8w8 intermediate, which a gate/up tile holds whole).
+    """
+    # max(amax, 1e-4) / 448, correctly rounded; with ue8m0 rounded up to a power of two on its
+    # bits, and the elements scaled by its exact inverse.
+    amax = tl.maximum(tl.max(tl.abs(x), 1), 1e-4)
+    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    if UE8M0:
+        bits = s.to(tl.int32, bitcast=True)
+        e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        s = pow2_bits(e)
+        codes = e4m3_bits(x * pow2_bits(254 - e)[:, None])
+    else:
+        codes = e4m3_bits(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)))
+    return codes, s
+
+
+@triton.jit
 def _quantize_rows_kernel(
     x_ptr,  # [T, C] float, row stride stride_x
     codes_ptr,  # [T, C] uint8
@@ -43,17 +62,7 @@ def _quantize_rows_kernel(
     col = g[:, None] * 128 + tl.arange(0, 128)[None, :]
     mask = col < C
     x = tl.load(x_ptr + row * stride_x + col, mask=mask, other=0.0).to(tl.float32)
-    # The scale rule of hwrun.formats.fp8: max(amax, 1e-4) / 448, correctly rounded; with ue8m0
-    # rounded up to a power of two on its bits, and the elements scaled by its exact inverse.
-    amax = tl.maximum(tl.max(tl.abs(x), 1), 1e-4)
-    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-    if UE8M0:
-        bits = s.to(tl.int32, bitcast=True)
-        e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-        s = pow2_bits(e)
-        codes = e4m3_bits(x * pow2_bits(254 - e)[:, None])
-    else:
-        codes = e4m3_bits(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)))
+    codes, s = e4m3_groups(x, UE8M0)
     tl.store(codes_ptr + row * C + col, codes, mask=mask)
     tl.store(scales_ptr + row * (C // 128) + g, s, mask=g < C // 128)
 

@@ -55,6 +55,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from hwrun.formats.int4 import INT4_GROUP
+from hwrun.kernels.triton.activation_quant import quantize_activations
 from hwrun.kernels.triton.descriptors import (
     nvidia_sm90_or_later,
     tma_alignment_problems,
@@ -70,6 +71,9 @@ from hwrun.kernels.triton.pdl import pdl_options
 from hwrun.kernels.triton.split_counters import zeroed_counters
 from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, WEIGHT_FORMATS
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight, stack_shared_group  # noqa: F401 (re-exported for the kernel's tests)
+
+ACTIVATION_MODES = ("bf16", "a8w8")  # the reference's modes this kernel computes
+A8W8_FORMATS = ("fp8_block128", "fp8_block128_ue8m0")
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ def default_tiles(
     inter: int | None = None,
     num_sms: int | None = None,
     descriptors: bool = False,
+    a8w8: bool = False,
 ) -> TileConfig:
     """Row blocks as tall as the experts' typical number of rows (padding rows cost MMA time
     and registers, not memory traffic); at decode, given the tokens, the expert width and the
@@ -150,9 +155,21 @@ def default_tiles(
     108.4 -> 104.5, T=64 145.1 -> 142.9; DeepSeek-V3 T=1 141.4 -> 126.5, T=8 646.0 -> 637.4,
     T=64 2483.4 -> 2471.4 (3 stages 2463.2, 6 stages slower everywhere).
     """
-    tiles = _default_tiles(num_slots, num_experts, on_gpu, tokens, inter, num_sms)
-    if descriptors and tiles.block_m == DECODE_TILES.block_m and tokens is not None:
+    tiles = _default_tiles(num_slots, num_experts, on_gpu, tokens, inter, num_sms, a8w8)
+    decode = tiles.block_m == DECODE_TILES.block_m and tokens is not None
+    if descriptors and decode:
         tiles = replace(tiles, tma=True, host_descriptors=True, num_stages=3 if tokens <= 16 else 4)
+    if a8w8:
+        tiles = a8w8_tiles(tiles)
+    if a8w8 and decode and on_gpu:
+        # H200, 2026-12-04, us (bench/moe_gpu.py shapes, stages x K splits x warps swept): the
+        # bench model at 64 tokens 127.8 at 2 stages unsplit against 152.4 at 4 stages split
+        # in 4 (and 136.2 at 3 stages); 8 and 16 tokens 87.0 and 102.6 at 3 stages unsplit;
+        # DeepSeek-V3 at 64 tokens 2360.8 at 3 stages against 2409.5 at 4. e4m3 tiles leave
+        # the registers free: shared memory (34 KB a gate/up stage) sets the programs
+        # resident, and short programs (the bench model's 4096-wide K) want more of them.
+        stages = 3 if tokens <= 16 or (inter or 0) > 1024 else 2
+        tiles = replace(tiles, num_stages=stages)
     return tiles
 
 
@@ -163,6 +180,7 @@ def _default_tiles(
     tokens: int | None,
     inter: int | None,
     num_sms: int | None,
+    a8w8: bool = False,
 ) -> TileConfig:
     if not on_gpu:
         return INTERPRETER_TILES
@@ -173,12 +191,17 @@ def _default_tiles(
         return DECODE_TILES
     shape = (tokens, num_slots, num_experts, inter, num_sms)
     waves = gate_up_waves(DECODE_TILES, *shape)
+    if waves < FEW_PROGRAMS and a8w8:  # the narrow tiles would cut h's 128-column groups
+        return replace(DECODE_TILES, gate_up_splits=gate_up_splits(waves))
     if waves < FEW_PROGRAMS:
         narrow = gate_up_waves(NARROW_DECODE_TILES, *shape)
         return replace(NARROW_DECODE_TILES, gate_up_splits=gate_up_splits(narrow))
     # With less than a wave every program is resident from the start: a split only adds sums
     # (8 and 16 tokens at the bench model: 97.3 and 111.1 us unsplit, 100.5 and 115.1 split).
-    return replace(DECODE_TILES, gate_up_splits=gate_up_splits(waves) if waves >= 1 else 1)
+    # a8w8 at 64 tokens (~1 wave by this count, which is the f16 tiles' residency): unsplit
+    # 127.8 us against 136.5 split in 4 (H200, 2026-12-04).
+    split = waves >= 1 and not a8w8
+    return replace(DECODE_TILES, gate_up_splits=gate_up_splits(waves) if split else 1)
 
 
 def gate_up_waves(
@@ -289,6 +312,7 @@ def _swiglu_grouped(
     out_rows: int,  # slots: N, plus T with the shared group
     top_k: int,
     tiles: TileConfig,
+    a8w8: bool = False,  # e4m3 activations (the module doc); tiles 128 wide and deep
 ) -> torch.Tensor:  # [slots, D] float32, rows of unserved slots unwritten
     hidden = x.shape[1]
     inter = w13.shape[-2] // 2
@@ -296,11 +320,21 @@ def _swiglu_grouped(
     out = torch.empty(out_rows, hidden, dtype=torch.float32, device=x.device)
     if layout.num_blocks == 0:
         return out
-    f16 = tiles.f16_products and all(
-        w.format in F16_WEIGHT_FORMATS for w in (w13, w2, *(shared or ()))
+    f16 = (
+        not a8w8
+        and tiles.f16_products
+        and all(w.format in F16_WEIGHT_FORMATS for w in (w13, w2, *(shared or ())))
     )
     h_tiles = triton.cdiv(inter, tiles.block_n)
-    if f16:
+    ue8m0 = w13.format == "fp8_block128_ue8m0"
+    wide = wide_dtype()
+    if a8w8:
+        x, x_scales = quantize_activations(x, ue8m0)
+        h = torch.empty(rows, inter, dtype=torch.uint8, device=x.device)
+        h_scales = torch.empty(rows, h_tiles, dtype=torch.float32, device=x.device)
+        if wide == tl.bfloat16:  # compiled: e4m3 on the matrix units (fp32 in the interpreter)
+            wide = tl.float8e4nv
+    elif f16:
         x, x_scales = rows_to_f16(x)
         h = torch.empty(rows, inter, dtype=torch.float16, device=x.device)
         h_scales = torch.empty(rows, h_tiles, dtype=torch.float32, device=x.device)
@@ -325,13 +359,14 @@ def _swiglu_grouped(
         use_torch_allocator()
     common = {
         "HAS_SHARED": shared is not None,
-        "WIDE": tl.float16 if f16 else wide_dtype(),
+        "WIDE": tl.float16 if f16 else wide,
         "F16": f16,
         "BLOCK_M": tiles.block_m,
         "BLOCK_N": tiles.block_n,
         "num_warps": tiles.num_warps,
         "num_stages": tiles.num_stages,
         "TMA": tma,
+        "A8": a8w8,
     }
     splits = max(1, min(tiles.gate_up_splits, triton.cdiv(hidden, tiles.block_k)))
     if splits > 1:
@@ -345,7 +380,7 @@ def _swiglu_grouped(
         x, x_scales, data, scales, shared_data, shared_scales, layout.sorted_slots,
         layout.block_expert, h, h_scales, parts, counts, hidden, inter, layout.routed_slots,
         top_k, group_e, we, wn, se, sn, FORMAT=FORMAT_CODES[w13.format], BLOCK_K=tiles.block_k,
-        SPLITS=splits, codes_desc=descriptors[0], HOST_TMA=host, **common,
+        SPLITS=splits, codes_desc=descriptors[0], HOST_TMA=host, UE8M0=ue8m0, **common,
         **pdl_options(x.device),
     )  # fmt: skip
     data, scales, we, wn, se, sn = _weight_args(w2)
@@ -368,11 +403,16 @@ def _check(
     shared: tuple[QuantizedWeight, QuantizedWeight] | None,
     tiles: TileConfig,
 ) -> None:
-    """What this kernel cannot compute, beyond the contract's own checks."""
+    """What this kernel cannot compute, beyond the contract's own checks (on a GPU, a8w8's
+    shape rules too: the contract's checks read device values there)."""
     problems = []
-    if activation_mode != "bf16":
-        problems.append(f"activation_mode {activation_mode!r} has no kernel here; only 'bf16'")
     weights = [w13, w2, *(shared or ())]
+    if activation_mode not in ACTIVATION_MODES:
+        problems.append(
+            f"activation_mode {activation_mode!r} has no kernel here; only {list(ACTIVATION_MODES)}"
+        )
+    elif activation_mode == "a8w8":
+        problems += _a8w8_problems(weights, tiles)
     for w in weights:
         if w.format not in WEIGHT_FORMATS:
             problems.append(f"{w.name} is {w.format}; the kernel reads {list(WEIGHT_FORMATS)}")
@@ -385,6 +425,30 @@ def _check(
         problems.append("x, ids and every weight must be on one device")
     if problems:
         raise ValueError("moe.experts (triton): " + "; ".join(problems))
+
+
+def _a8w8_problems(weights: list[QuantizedWeight], tiles: TileConfig) -> list[str]:
+    problems = []
+    for w in weights:
+        if w.format not in A8W8_FORMATS:
+            problems.append(f"a8w8 multiplies e4m3 codes: {w.name} is {w.format}")
+        elif any(size % FP8_BLOCK for size in w.shape[-2:]):
+            problems.append(
+                f"a8w8 quantizes groups of {FP8_BLOCK}: {w.name} {list(w.shape)} must have "
+                f"both matrix sizes multiples of {FP8_BLOCK}"
+            )
+    if tiles.block_n != FP8_BLOCK or tiles.block_k != FP8_BLOCK:
+        problems.append(
+            f"a8w8 tiles must be {FP8_BLOCK} wide and deep (a gate/up tile holds its rows' "
+            f"intermediate groups whole, a K step one scale), got block_n {tiles.block_n}, "
+            f"block_k {tiles.block_k}"
+        )
+    return problems
+
+
+def a8w8_tiles(tiles: TileConfig) -> TileConfig:
+    """Default tiles made a8w8's: 128 output columns and 128-deep K steps, no f16 products."""
+    return replace(tiles, block_n=FP8_BLOCK, block_k=FP8_BLOCK, f16_products=False)
 
 
 def experts(
@@ -421,12 +485,13 @@ def experts(
     tokens, hidden = x.shape
     top_k = ids.shape[1]
     num_experts = w13.shape[0]
+    a8w8 = activation_mode == "a8w8"
     if tiles is None:
         sms = multiprocessors(x.device.index or 0) if x.is_cuda else None
         inter = w13.shape[-2] // 2
         tiles = default_tiles(
             tokens * top_k, num_experts, x.is_cuda, tokens=tokens, inter=inter, num_sms=sms,
-            descriptors=nvidia_sm90_or_later(x.device),
+            descriptors=nvidia_sm90_or_later(x.device), a8w8=a8w8,
         )  # fmt: skip
     _check(x, w13, w2, ids, activation_mode, shared_experts, tiles)
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
@@ -441,14 +506,14 @@ def experts(
     layout = align_by_expert(ids, num_experts, tiles.block_m, with_shared=fuse)
     shared_group = shared_experts if fuse else None
     routed = _swiglu_grouped(
-        xb, w13, w2, shared_group, layout, route, slots + tokens * fuse, top_k, tiles
+        xb, w13, w2, shared_group, layout, route, slots + tokens * fuse, top_k, tiles, a8w8
     )
     shared = routed[slots:] if fuse else routed  # routed: any float32 rows when unused
     if shared_experts is not None and not fuse:  # its own launch, as the only group
         shared_w13, shared_w2 = shared_experts
         only_shared = align_by_expert(ids[:, :0], 0, tiles.block_m, with_shared=True)
         shared = _swiglu_grouped(
-            xb, shared_w13, shared_w2, shared_experts, only_shared, route, tokens, 1, tiles
+            xb, shared_w13, shared_w2, shared_experts, only_shared, route, tokens, 1, tiles, a8w8
         )
     block_d = min(1024, triton.next_power_of_2(hidden))
     _combine_kernel[(tokens, triton.cdiv(hidden, block_d))](

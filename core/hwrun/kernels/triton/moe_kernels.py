@@ -7,17 +7,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hwrun.kernels.triton.activation_quant import e4m3_groups
 from hwrun.kernels.triton.f16_rows import to_scaled_f16
 from hwrun.kernels.triton.pdl import wait_for_previous_kernel
 from hwrun.kernels.triton.weight_tiles import int4_product, weight_scales, weight_tile
 
 
 @triton.jit
-def _scaled_product(acc, a, w, scale, a_scale, FORMAT: tl.constexpr, F16: tl.constexpr):
+def _scaled_product(
+    acc, a, w, scale, a_scale, FORMAT: tl.constexpr, F16: tl.constexpr, A8: tl.constexpr
+):
     """``acc`` [BLOCK_M, BLOCK_N] plus one K step's product of the activation tile ``a``
     [BLOCK_M, BLOCK_K] and the weight tile ``w`` [BLOCK_N, BLOCK_K], scaled per weight row
-    (``scale``) and, with F16, per activation row (``a_scale``, undoing f16_rows' 2^s)."""
-    if FORMAT == 0:
+    (``scale``) and, with F16, per activation row (``a_scale``, undoing f16_rows' 2^s). A8: the
+    transposed sum, ``acc`` [BLOCK_N, BLOCK_M]: e4m3 against e4m3 with the weight rows on the
+    matrix units' M side (64 per warpgroup on Hopper, where the decode tiles have 16 tokens),
+    scaled by both sides' scales of this K step."""
+    if A8:
+        acc += tl.dot(w, tl.trans(a)) * (scale[:, None] * a_scale[None, :])
+    elif FORMAT == 0:
         acc = tl.dot(a, tl.trans(w), acc)
     elif F16:
         acc += tl.dot(a, tl.trans(w)) * (a_scale[:, None] * scale[None, :])
@@ -28,7 +36,8 @@ def _scaled_product(acc, a, w, scale, a_scale, FORMAT: tl.constexpr, F16: tl.con
 
 @triton.jit
 def _row_scales(ptrs, valid, F16: tl.constexpr):
-    """The activation rows' 2^-s for this K step (F16), else ones (never read)."""
+    """The activation rows' scales for this K step (f16_rows' 2^-s, or a8w8's e4m3 scales: the
+    caller passes F16 or A8), else ones (never read)."""
     if F16:  # noqa: SIM108 (a constexpr branch: without F16 no load is traced)
         scales = tl.load(ptrs, mask=valid, other=0.0)
     else:
@@ -87,17 +96,43 @@ def _codes_of(
 
 
 @triton.jit
+def _activation_tile(ptrs, mask, WIDE: tl.constexpr, A8: tl.constexpr):
+    """An activation tile in WIDE: bf16 / f16 values, or (A8) e4m3 codes stored as uint8."""
+    a = tl.load(ptrs, mask=mask, other=0)
+    if A8:
+        a = a.to(tl.float8e4nv, bitcast=True)
+    return a.to(WIDE)
+
+
+@triton.jit
+def _zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, A8: tl.constexpr):
+    """An accumulator: [BLOCK_M, BLOCK_N], or transposed for A8 (_scaled_product)."""
+    if A8:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    return acc
+
+
+@triton.jit
+def _untransposed(acc, A8: tl.constexpr):
+    if A8:
+        acc = tl.trans(acc)
+    return acc
+
+
+@triton.jit
 def _gate_up_kernel(
-    x_ptr,  # [T, D] bf16, or f16 scaled by xs (F16)
-    xs_ptr,  # [T, ceil(D/128)] fp32 2^-s of x's row groups (F16)
+    x_ptr,  # [T, D] bf16, f16 scaled by xs (F16), or uint8 e4m3 codes scaled by xs (A8)
+    xs_ptr,  # [T, ceil(D/128)] fp32 2^-s of x's row groups (F16), or their e4m3 scales (A8)
     w_ptr,  # [E, 2I, D] bf16 or uint8 e4m3 codes
     s_ptr,  # [E, ceil(2I/128), ceil(D/128)] scales (fp8 only)
     sw_ptr,  # [2I, D] shared experts (HAS_SHARED)
     ss_ptr,  # [ceil(2I/128), ceil(D/128)] their scales
     sorted_ptr,  # [P] int32
     block_expert_ptr,  # [P / BLOCK_M] int32
-    h_ptr,  # [P, I] bf16 out, or f16 scaled by hs (F16)
-    hs_ptr,  # [P, ceil(I/BLOCK_N)] fp32 out: 2^-s of h's row tiles (F16)
+    h_ptr,  # [P, I] bf16 out, f16 scaled by hs (F16), or uint8 e4m3 codes (A8)
+    hs_ptr,  # [P, ceil(I/BLOCK_N)] fp32 out: 2^-s of h's row tiles (F16), their e4m3 scales (A8)
     part_ptr,  # [SPLITS, P, 2I] fp32: each K split's gate and up sums (SPLITS > 1)
     count_ptr,  # [P / BLOCK_M * ceil(I/BLOCK_N)] int32 zeros, left at zero (split_counters.py)
     D,
@@ -120,6 +155,11 @@ def _gate_up_kernel(
     TMA: tl.constexpr = False,  # e4m3 codes through a tensor descriptor (_code_tiles)
     codes_desc=None,  # HOST_TMA: the host's descriptor over every group's codes, stacked
     HOST_TMA: tl.constexpr = False,
+    # a8w8: x is e4m3 codes, products e4m3 x e4m3, and h leaves as e4m3 codes with one scale per
+    # row and 128 columns (BLOCK_N is 128: a tile holds its rows' groups whole); UE8M0: h's
+    # scales as powers of two
+    A8: tl.constexpr = False,
+    UE8M0: tl.constexpr = False,
     PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     wait_for_previous_kernel(PDL)
@@ -142,8 +182,8 @@ def _gate_up_kernel(
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < I
     out_mask = valid[:, None] & n_mask[None, :]
-    gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    gate = _zeros(BLOCK_M, BLOCK_N, A8)
+    up = _zeros(BLOCK_M, BLOCK_N, A8)
     k_run = tl.cdiv(tl.cdiv(D, BLOCK_K), SPLITS) * BLOCK_K
     k_start = tl.program_id(2) * k_run
     for k0 in range(k_start, tl.minimum(D, k_start + k_run), BLOCK_K):
@@ -169,12 +209,10 @@ def _gate_up_kernel(
         else:
             kk = k0 + tl.arange(0, BLOCK_K)
             k_mask = kk < D
-            a = tl.load(
-                x_ptr + token[:, None] * D + kk[None, :],
-                mask=valid[:, None] & k_mask[None, :],
-                other=0,
-            ).to(WIDE)
-            a_scale = _row_scales(xs_ptr + token * tl.cdiv(D, 128) + k0 // 128, valid, F16)
+            a = _activation_tile(
+                x_ptr + token[:, None] * D + kk[None, :], valid[:, None] & k_mask[None, :], WIDE, A8
+            )
+            a_scale = _row_scales(xs_ptr + token * tl.cdiv(D, 128) + k0 // 128, valid, F16 or A8)
             if TMA:  # gate rows past I read up rows, up rows past 2I zeros: columns not stored
                 n0 = tl.program_id(1) * BLOCK_N
                 wg = codes.load([row0 + n0, k0]).to(WIDE)
@@ -198,8 +236,10 @@ def _gate_up_kernel(
                     FORMAT,
                     WIDE,
                 )
-            gate = _scaled_product(gate, a, wg, sg, a_scale, FORMAT, F16)
-            up = _scaled_product(up, a, wu, su, a_scale, FORMAT, F16)
+            gate = _scaled_product(gate, a, wg, sg, a_scale, FORMAT, F16, A8)
+            up = _scaled_product(up, a, wu, su, a_scale, FORMAT, F16, A8)
+    gate = _untransposed(gate, A8)
+    up = _untransposed(up, A8)
     if SPLITS > 1:
         # Split K (more programs than a wave holds otherwise, at decode): each split stores its
         # sums, and the tile's last split to finish adds them all, in split order (the same
@@ -220,7 +260,12 @@ def _gate_up_kernel(
             up += tl.load(part + split * plane + I, mask=out_mask, other=0.0, cache_modifier=".cg")
     h = gate / (1.0 + tl.exp(-gate)) * up
     out = h_ptr + rows.to(tl.int64)[:, None] * I + n[None, :]
-    if F16:  # the contract's bf16 rounding first, then exactly into f16 with the tile's 2^s
+    if A8:  # the contract's a8w8 rounding of the fp32 intermediate, each row's group whole
+        h8, h_scale = e4m3_groups(h, UE8M0)
+        tl.store(out, h8, mask=out_mask)
+        tiles = tl.num_programs(1)
+        tl.store(hs_ptr + rows.to(tl.int64) * tiles + tl.program_id(1), h_scale, mask=valid)
+    elif F16:  # the contract's bf16 rounding first, then exactly into f16 with the tile's 2^s
         h16, h_scale = to_scaled_f16(h.to(tl.bfloat16).to(tl.float32))
         tl.store(out, h16, mask=out_mask)
         tiles = tl.num_programs(1)
@@ -231,8 +276,8 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    h_ptr,  # [P, I] bf16, or f16 scaled by hs (F16)
-    hs_ptr,  # [P, ceil(I/H_GROUP)] fp32 2^-s of h's row tiles (F16)
+    h_ptr,  # [P, I] bf16, f16 scaled by hs (F16), or uint8 e4m3 codes scaled by hs (A8)
+    hs_ptr,  # [P, ceil(I/H_GROUP)] fp32 2^-s of h's row tiles (F16), or their e4m3 scales (A8)
     w_ptr,  # [E, D, I] bf16 or uint8 e4m3 codes
     s_ptr,  # [E, ceil(D/128), ceil(I/128)] scales (fp8 only)
     sw_ptr,  # [D, I] shared experts (HAS_SHARED)
@@ -260,6 +305,7 @@ def _down_kernel(
     TMA: tl.constexpr = False,  # e4m3 codes through a tensor descriptor (_code_tiles)
     codes_desc=None,  # HOST_TMA: the host's descriptor over every group's codes, stacked
     HOST_TMA: tl.constexpr = False,
+    A8: tl.constexpr = False,  # a8w8: h is e4m3 codes (H_GROUP = BLOCK_K = 128), products e4m3
     PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     wait_for_previous_kernel(PDL)
@@ -280,7 +326,7 @@ def _down_kernel(
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < D
     h_groups = tl.cdiv(I, H_GROUP)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc = _zeros(BLOCK_M, BLOCK_N, A8)
     for k0 in range(0, I, BLOCK_K):
         if FORMAT == 3:
             acc += int4_product(
@@ -300,12 +346,15 @@ def _down_kernel(
         else:
             kk = k0 + tl.arange(0, BLOCK_K)
             k_mask = kk < I
-            a = tl.load(
+            a = _activation_tile(
                 h_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
-                mask=valid[:, None] & k_mask[None, :],
-                other=0,
-            ).to(WIDE)
-            a_scale = _row_scales(hs_ptr + rows.to(tl.int64) * h_groups + k0 // H_GROUP, valid, F16)
+                valid[:, None] & k_mask[None, :],
+                WIDE,
+                A8,
+            )
+            a_scale = _row_scales(
+                hs_ptr + rows.to(tl.int64) * h_groups + k0 // H_GROUP, valid, F16 or A8
+            )
             if TMA:
                 w = codes.load([row0 + tl.program_id(1) * BLOCK_N, k0]).to(WIDE)
                 s = weight_scales(s_base, n, n_mask, k0, stride_sn, FORMAT)
@@ -313,7 +362,8 @@ def _down_kernel(
                 w, s = weight_tile(
                     w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
                 )
-            acc = _scaled_product(acc, a, w, s, a_scale, FORMAT, F16)
+            acc = _scaled_product(acc, a, w, s, a_scale, FORMAT, F16, A8)
+    acc = _untransposed(acc, A8)
     safe_slot = tl.where(valid, slot, 0).to(tl.int64)
     routed = valid & (safe_slot < N)
     route = tl.where(routed, tl.load(route_ptr + safe_slot, mask=routed, other=0.0), 1.0)

@@ -216,11 +216,14 @@ def _experts_limits(spec: OpSpec) -> list[str]:
             f"expert weight format {weight_format!r} has no kernel here (no in-kernel decode "
             f"of its codes yet); supported: {list(EXPERT_WEIGHT_FORMATS)}"
         )
-    if any(mode != "bf16" for mode in modes):
+    unknown = [mode for mode in modes if mode not in ("bf16", "a8w8")]
+    if unknown:
         reasons.append(
-            f"activation mode(s) {[m for m in modes if m != 'bf16']} not supported here: the "
-            "kernel multiplies bf16 activations only ('bf16')"
+            f"activation mode(s) {unknown} not supported here: the kernel multiplies bf16 "
+            "activations ('bf16') or e4m3 ones against block-FP8 codes ('a8w8')"
         )
+    if "a8w8" in modes and weight_format not in (None, "fp8_block128", "fp8_block128_ue8m0"):
+        reasons.append(f"activation mode 'a8w8' needs block-FP8 experts, not {weight_format!r}")
     return reasons
 
 
@@ -342,7 +345,7 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
             host_calls.experts,
             _experts_limits,
             "tokens grouped by expert, gate/up + SiLU-mul and down GEMMs, fp8 block-128 and "
-            "W4A16 int4 group-128 codes decoded in the kernel",
+            "W4A16 int4 group-128 codes decoded in the kernel; a8w8: e4m3 x e4m3 products",
             # ue8m0 scales are served but not claimed: the quick conformance suite has no case
             # in that format, and a claim no case exercises is an audit failure.
             ("bf16", "fp8_block128", "int4_g128"),
