@@ -58,7 +58,8 @@ def triton_device_reasons(spec: OpSpec, kernel: TritonKernel) -> list[str]:
         )
         reasons.append(
             f"{spec.arch} {what}; this Triton kernel reads OCP e4m3fn codes for "
-            f"{kernel.op} (fp8 / mxfp4 index keys, fp8_ds_mla latents, fp8 queries) through "
+            f"{kernel.op} (fp8 / mxfp4 index keys, fp8_ds_mla latents, fp8 queries, block-FP8 "
+            f"weights, a8w8 activations) through "
             f"Triton's float8e4nv, only emulated there and not validated on hardware; "
             f"needs one of {list(OCP_FP8_ARCHS)}, or use bf16 latents"
         )

@@ -3,6 +3,7 @@ specs by architecture; the adapters always need CUDA; claims follow what validat
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -28,7 +29,8 @@ TRITON_OPS = {
     "dense.linear",
     "dense.linear_a8w8",
 }
-EXPERT_WEIGHTS = {"fp8_block128", "int4_g128"}  # the moe.experts formats claimed
+# The moe.experts formats claimed; a8w8 is claimed with fp8_block128 weights (its only pairing).
+EXPERT_WEIGHTS = {"fp8_block128", "int4_g128", "a8w8"}
 LINEAR_WEIGHTS = {"fp8_block128", "fp8_block128_ue8m0"}  # dense.linear's (and bf16)
 CLAIMED_FORMATS = {"fp8", "mxfp4", "fp8_ds_mla", "bf16", *EXPERT_WEIGHTS, *LINEAR_WEIGHTS}
 
@@ -94,6 +96,21 @@ def test_fp8_queries_need_sm89(monkeypatch: pytest.MonkeyPatch):
         OpSpec(op="indexer.logits_paged", dtype="float8_e4m3fn", device_type="cuda", arch="sm_80")
     )
     assert any("sm_89 or newer" in r for r in reasons)
+
+
+@pytest.mark.parametrize(
+    ("op", "formats"),
+    [("moe.experts", ("fp8_block128", "a8w8")), ("dense.linear_a8w8", ("fp8_block128",))],
+)
+def test_e4m3_products_need_sm89(monkeypatch: pytest.MonkeyPatch, op: str, formats: tuple):
+    """a8w8 multiplies e4m3 x e4m3 on the matrix units: an A100 has none, so neither op claims
+    it there, while bf16 activations against the same fp8 weights still run on sm_80."""
+    monkeypatch.setattr(device_checks, "_cuda_available", lambda: True)
+    spec = OpSpec(op=op, dtype="bfloat16", formats=formats, device_type="cuda", arch="sm_80")
+    assert any("sm_89 or newer" in r for r in _triton(op).validate(spec))
+    assert not _triton(op).validate(dataclasses.replace(spec, arch="sm_90"))
+    bf16_activations = dataclasses.replace(spec, op="moe.experts", formats=("fp8_block128", "bf16"))
+    assert not _triton("moe.experts").validate(bf16_activations)
 
 
 def test_sparse_mla_triton_refuses_nvfp4_latents():

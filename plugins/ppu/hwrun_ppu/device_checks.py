@@ -104,5 +104,8 @@ def triton_device_reasons(spec: OpSpec, kernel: TritonKernel) -> list[str]:
             else f"fp8 tensor-core products on {spec.arch or 'an unknown PPU model'} are not "
             "documented in any source of this project, so they are not used"
         )
-        reasons.append(f"{kernel.op} multiplies in fp8 (fp8 queries), and {why}: pass bf16 queries")
+        reasons.append(
+            f"{kernel.op} multiplies in fp8 here (fp8 queries, or a8w8's e4m3 activations), "
+            f"and {why}: pass bf16 queries / activations"
+        )
     return reasons

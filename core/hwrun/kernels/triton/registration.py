@@ -50,7 +50,9 @@ class TritonKernel:
     fn: Callable[..., Any]
     limits: Callable[[OpSpec], list[str]]  # reasons the kernel itself cannot serve a spec
     description: str
-    formats: tuple[str, ...] = ()  # storage formats it reads or writes (the claim's candidates)
+    # Storage formats it reads or writes (the claim's candidates). A tuple entry is claimed as a
+    # whole when validate accepts that spec: an activation mode only exists with its weights.
+    formats: tuple[str | tuple[str, ...], ...] = ()
     fp8_dot: Callable[[OpSpec], bool] = _never  # multiplies in fp8 (needs fp8 matrix units)
     reads_e4m3fn: Callable[[OpSpec], bool] = _never  # decodes OCP e4m3fn through Triton's fp8
     # By construction on every device: each output element is computed by one program in a
@@ -112,9 +114,10 @@ def claims_from_validate(
         ops.add(kernel.op)
         if kernel.batch_invariant:
             features.add(f"batch_invariant:{kernel.op}")
-        for fmt in kernel.formats:
-            if not validate(target.spec(kernel.op, formats=(fmt,))):
-                formats.add(fmt)
+        for candidate in kernel.formats:
+            spec_formats = candidate if isinstance(candidate, tuple) else (candidate,)
+            if not validate(target.spec(kernel.op, formats=spec_formats)):
+                formats.update(spec_formats)
     return TierClaims(frozenset(ops), frozenset(formats), frozenset(features))
 
 
@@ -260,7 +263,8 @@ def _fp8_queries(spec: OpSpec) -> bool:
 
 
 def _always(spec: OpSpec) -> bool:
-    # Both key formats are decoded as e4m3 (mxfp4's e2m1 values are re-coded as e4m3 bits).
+    # Whatever the spec: both index-key formats are decoded as e4m3 (mxfp4's e2m1 values are
+    # re-coded as e4m3 bits), and dense.linear_a8w8 always multiplies e4m3 x e4m3.
     return True
 
 
@@ -270,6 +274,10 @@ def _fp8_latent(spec: OpSpec) -> bool:
 
 def _fp8_weights(spec: OpSpec) -> bool:
     return bool(spec.formats) and spec.formats[0].startswith("fp8_block128")
+
+
+def _a8w8_activations(spec: OpSpec) -> bool:
+    return "a8w8" in spec.formats[1:]
 
 
 def _any_fp8_weights(spec: OpSpec) -> bool:
@@ -348,7 +356,8 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
             "W4A16 int4 group-128 codes decoded in the kernel; a8w8: e4m3 x e4m3 products",
             # ue8m0 scales are served but not claimed: the quick conformance suite has no case
             # in that format, and a claim no case exercises is an audit failure.
-            ("bf16", "fp8_block128", "int4_g128"),
+            ("bf16", "fp8_block128", "int4_g128", ("fp8_block128", "a8w8")),
+            fp8_dot=_a8w8_activations,
             reads_e4m3fn=_fp8_weights,
             # Tokens that chose one expert share a GEMM tile: the summation order (and so the
             # rounding) depends on which other tokens are in the batch.
@@ -375,6 +384,7 @@ FAMILIES: dict[str, tuple[TritonKernel, ...]] = {
             "activations quantized per token and 128 columns in one launch, then e4m3 x e4m3 "
             "on the matrix units, both scales per 128-wide K step; decode rows split K",
             A8W8_WEIGHT_FORMATS,
+            fp8_dot=_always,
             reads_e4m3fn=_any_fp8_weights,
             batch_invariant=False,  # as dense.linear: tiles and split follow the row count
         ),
