@@ -523,7 +523,7 @@ def experts(
         out,
         hidden,
         num_experts,
-        top_k,
+        TOP_K=top_k,
         HAS_SHARED=shared_experts is not None,
         BLOCK_D=block_d,
         **pdl_options(out.device),

@@ -379,7 +379,7 @@ def _combine_kernel(
     out_ptr,  # [T, D] x.dtype
     D,
     E,
-    top_k,
+    TOP_K: tl.constexpr,
     HAS_SHARED: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr = False,  # pdl.py's protocol
@@ -389,10 +389,13 @@ def _combine_kernel(
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_mask = d < D
     acc = tl.zeros((BLOCK_D,), tl.float32)
-    for j in range(top_k):
-        e = tl.load(ids_ptr + t * top_k + j + tl.zeros((BLOCK_D,), tl.int32))  # broadcast
+    # Unrolled, so that the k id loads and then the k row loads can all be in flight at once,
+    # where a loop over a runtime k waited for an id, then its row, k times over. The sum stays
+    # in slot order. H200, 64 tokens x 8 slots (2026-12-04): 7.1 -> 6.3 us exposed a call.
+    for j in tl.static_range(TOP_K):
+        e = tl.load(ids_ptr + t * TOP_K + j + tl.zeros((BLOCK_D,), tl.int32))  # broadcast
         served = (e >= 0) & (e < E)
-        acc += tl.load(routed_ptr + (t * top_k + j) * D + d, mask=d_mask & served, other=0.0)
+        acc += tl.load(routed_ptr + (t * TOP_K + j) * D + d, mask=d_mask & served, other=0.0)
     if HAS_SHARED:
         acc += tl.load(shared_ptr + t * D + d, mask=d_mask, other=0.0)
     tl.store(out_ptr + t * D + d, acc.to(out_ptr.dtype.element_ty), mask=d_mask)
