@@ -52,30 +52,28 @@ class DecodeGraphs:
         device = model.weights.embed.device
         biggest, width = self.buckets[-1], -(-max_model_len // block_size)
 
-        def buffer(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        # The per-row inputs live in two buffers, one per dtype, that each step's values are
-        # copied into whole, from the host: two copies, where a copy and a conversion or fill
-        # per input cost ~0.3 ms of host time a step on the H200's host.
-        self._rows64 = buffer(2, biggest, dtype=torch.int64)
-        self._rows32 = buffer(2, biggest, dtype=torch.int32)
+        # The per-row inputs and the block tables are regions of one byte buffer, filled each
+        # step by one copy from the host: a copy per input (a conversion or fill each, at
+        # first) cost ~0.3 ms of host time a step on the H200's host, and with three copies
+        # (two row buffers and the tables) the host still spent 89 us in run() before the
+        # replay (64 x 32K, 2026-12-04), ~12 us of it per copy call.
+        self._layout = _InputLayout(biggest, width)
+        self._inputs = torch.zeros(self._layout.nbytes, dtype=torch.uint8, device=device)
+        self._rows64, self._rows32, self.block_table = self._layout.views(self._inputs)
         self.input_ids, self.positions = self._rows64
         self.slots, self.context_lens = self._rows32
-        self.block_table = buffer(biggest, width, dtype=torch.int32)
         self.rows = torch.arange(biggest, device=device)
-        # Their host side, pinned so that the copies are queued without waiting for the device
-        # (see engine/host_copy.py), and two of each, alternating steps: a step's buffers are
-        # written while the previous step's copy may not have run yet.
-        self._host_tables = [
-            torch.full((biggest, width), -1, dtype=torch.int32, pin_memory=True) for _ in range(2)
+        # Its host side, pinned so that the copy is queued without waiting for the device (see
+        # engine/host_copy.py), and two of it, alternating steps: a step's inputs are written
+        # while the previous step's copy may not have run yet.
+        self._host_inputs = [
+            torch.zeros(self._layout.nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)
         ]
-        self._host_rows64 = [
-            torch.zeros((2, biggest), dtype=torch.int64, pin_memory=True) for _ in range(2)
+        self._host_views = [
+            tuple(view.numpy() for view in self._layout.views(host)) for host in self._host_inputs
         ]
-        self._host_rows32 = [
-            torch.zeros((2, biggest), dtype=torch.int32, pin_memory=True) for _ in range(2)
-        ]
+        for _, _, tables in self._host_views:
+            tables.fill(-1)
         self._copied = [torch.cuda.Event(), torch.cuda.Event()]  # unrecorded: no wait
         self._turn = 0
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -123,7 +121,7 @@ class DecodeGraphs:
         """The host buffer the next :meth:`run` copies block tables from: int32 ``[batch,
         width]``. Waits for that buffer's copy two steps back, long done in practice."""
         self._copied[self._turn].synchronize()
-        return self._host_tables[self._turn].numpy()[:batch]
+        return self._host_views[self._turn][2][:batch]
 
     def run(
         self, input_ids: list[int] | torch.Tensor, positions: list[int], slots: list[int]
@@ -135,8 +133,7 @@ class DecodeGraphs:
         bucket = next(b for b in self.buckets if b >= batch)
         on_device = isinstance(input_ids, torch.Tensor)
         turn = self._turn
-        rows64 = self._host_rows64[turn].numpy()
-        rows32 = self._host_rows32[turn].numpy()
+        rows64, rows32, tables = self._host_views[turn]
         # Rows [batch, bucket) are padding: write nothing (slot -1), attend nothing (length 0).
         if not on_device:
             rows64[0, :batch] = input_ids
@@ -147,11 +144,10 @@ class DecodeGraphs:
         rows32[0, batch:bucket] = -1
         rows32[1, :batch] = rows64[1, :batch] + 1
         rows32[1, batch:bucket] = 0
-        tables = self._host_tables[turn]
-        tables.numpy()[batch:bucket] = -1
-        self._rows64.copy_(self._host_rows64[turn], non_blocking=True)
-        self._rows32.copy_(self._host_rows32[turn], non_blocking=True)
-        self.block_table[:bucket].copy_(tables[:bucket], non_blocking=True)
+        tables[batch:bucket] = -1
+        # The rows, then the tables of the bucket's rows (a prefix of the tables' region).
+        nbytes = self._layout.tables_at + bucket * tables.strides[0]
+        self._inputs[:nbytes].copy_(self._host_inputs[turn][:nbytes], non_blocking=True)
         self._copied[turn].record()
         self._turn = 1 - turn
         if on_device:  # after the copy above, which wrote the host's stale ids there
@@ -164,3 +160,27 @@ class DecodeGraphs:
         # only copy of the rows: the chunks name their rows of it, and the sampler takes it
         # whole (batch.last_position_logits).
         return logits[:batch].clone()
+
+
+class _InputLayout:
+    """Where a decode step's inputs sit in their byte buffer: int64 ``[2, rows]`` (token ids,
+    positions), int32 ``[2, rows]`` (slots, context lengths), then int32 ``[rows, width]``
+    (block tables), each region starting on a 256-byte boundary (as an allocation would)."""
+
+    ALIGN = 256
+
+    def __init__(self, rows: int, width: int):
+        self.rows, self.width = rows, width
+        self.rows32_at = self._aligned(2 * rows * 8)
+        self.tables_at = self._aligned(self.rows32_at + 2 * rows * 4)
+        self.nbytes = self.tables_at + rows * width * 4
+
+    def _aligned(self, offset: int) -> int:
+        return -(-offset // self.ALIGN) * self.ALIGN
+
+    def views(self, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows, width = self.rows, self.width
+        rows64 = buffer[: 2 * rows * 8].view(torch.int64).view(2, rows)
+        rows32 = buffer[self.rows32_at : self.rows32_at + 2 * rows * 4].view(torch.int32)
+        tables = buffer[self.tables_at :].view(torch.int32).view(rows, width)
+        return rows64, rows32.view(2, rows), tables
