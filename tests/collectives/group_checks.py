@@ -321,8 +321,15 @@ def stall_then_merge(comm: Communicator, stalled_rank: int, stall_s: float) -> d
 
 
 def die_before_merge(comm: Communicator, dying_rank: int) -> None:
-    """``dying_rank`` exits without a word; the others' merge must fail, saying how fast."""
+    """``dying_rank`` exits without a word; the others' merge must fail, saying how fast.
+
+    It dies only once every rank has joined the group (the barrier) and left the barrier (the
+    pause): exiting at once, it could close its sockets while a slower rank was still
+    connecting, whose init_process_group then failed before any collective (seen in CI on two
+    cores, 2026-12-04)."""
+    comm.barrier()
     if comm.rank == dying_rank:
+        time.sleep(0.5)
         os._exit(3)
     start = time.monotonic()
     try:
