@@ -64,8 +64,10 @@ def test_matches_reference(fmt, tokens, rows, cols):
         LinearTiles(16, 32, 64, split_k=2, swap_ab=True, num_stages=1),  # W @ x^T orientation
         LinearTiles(16, 16, 128, group_m=2, num_stages=1),  # 3 row blocks in groups of 2
         LinearTiles(32, 64, 128, split_k=4, swap_ab=True, group_m=1, num_stages=1),
+        # 256 weight rows a tile: two scale rows, a scale per row (narrower tiles load one)
+        LinearTiles(16, 256, 128, split_k=2, num_stages=1),
     ],
-    ids=["split3", "swap_split2", "grouped", "swap_split4_wide"],
+    ids=["split3", "swap_split2", "grouped", "swap_split4_wide", "two_scale_rows"],
 )
 def test_tile_configs_compute_the_same_op(tiles):
     # 40 rows: several row blocks; C = 384: three scale tiles, K steps within each.
@@ -224,8 +226,9 @@ def test_the_activation_quantizer_is_byte_exact(ue8m0):
         # tensor descriptors: the partial row block, weight rows past N, a split range
         LinearTiles(16, 32, 128, split_k=2, num_stages=1, tma=True),
         LinearTiles(32, 64, 128, num_stages=1, tma=True),
+        LinearTiles(16, 256, 128, split_k=3, num_stages=1),  # two scale rows a tile
     ],
-    ids=["default", "swap_split2", "split3_grouped", "tma_split2", "tma_wide"],
+    ids=["default", "swap_split2", "split3_grouped", "tma_split2", "tma_wide", "two_scale_rows"],
 )
 def test_a8w8_matches_reference(fmt, tiles):
     x, weight = _problem(31, fmt, 20, 150, 384)  # partial row block and scale tile, 3 K steps

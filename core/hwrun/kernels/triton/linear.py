@@ -75,7 +75,12 @@ from hwrun.kernels.triton.pdl import (
     prefetch_to_l2,
     wait_for_previous_kernel,
 )
-from hwrun.kernels.triton.weight_tiles import FORMAT_CODES, weight_scales, weight_tile
+from hwrun.kernels.triton.weight_tiles import (
+    FORMAT_CODES,
+    weight_scale_of_rows,
+    weight_scales,
+    weight_tile,
+)
 from hwrun.ops.linear import check_linear_a8w8_args, check_linear_args
 from hwrun.ops.quantized_weight import FP8_BLOCK, QuantizedWeight
 
@@ -283,13 +288,24 @@ def _linear_kernel(
             strides=[stride_wn, 1],
             block_shape=[BLOCK_N, BLOCK_K],
         )
+        a_scale, scale = _step_scales(
+            xs_ptr, s_ptr, m, m_mask, n, n_mask, pid_n, k_begin, k_end, stride_xsm, stride_sn,
+            FORMAT, SCALED_A, BLOCK_N,
+        )  # fmt: skip
         for k0 in range(k_begin, k_end, BLOCK_K):
             a = x_desc.load([pid_m * BLOCK_M, k0]).to(MMA)
             w = w_desc.load([pid_n * BLOCK_N, k0]).to(MMA)
-            a_scale = tl.load(xs_ptr + m.to(tl.int64) * stride_xsm + k0 // 128, mask=m_mask)
-            scale = weight_scales(s_ptr, n, n_mask, k0, stride_sn, FORMAT)
+            a_next, scale_next = _step_scales(
+                xs_ptr, s_ptr, m, m_mask, n, n_mask, pid_n, k0 + BLOCK_K, k_end, stride_xsm,
+                stride_sn, FORMAT, SCALED_A, BLOCK_N,
+            )  # fmt: skip
             acc += tl.dot(a, tl.trans(w)) * (a_scale[:, None] * scale[None, :])
+            a_scale, scale = a_next, scale_next
     else:
+        a_scale, scale = _step_scales(
+            xs_ptr, s_ptr, m, m_mask, n, n_mask, pid_n, k_begin, k_end, stride_xsm, stride_sn,
+            FORMAT, SCALED_A, BLOCK_N,
+        )  # fmt: skip
         for k0 in range(k_begin, k_end, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
             k_mask = kk < K  # a range ends at K or on a BLOCK_K boundary
@@ -297,9 +313,14 @@ def _linear_kernel(
             if A_FP8:
                 a = a.to(tl.float8e4nv, bitcast=True)
             a = a.to(MMA)
-            w, scale = weight_tile(
+            # (weight_tile's own scales go unused, so the compiler drops their loads)
+            w, _ = weight_tile(
                 w_ptr, s_ptr, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, MMA
             )
+            a_next, scale_next = _step_scales(
+                xs_ptr, s_ptr, m, m_mask, n, n_mask, pid_n, k0 + BLOCK_K, k_end, stride_xsm,
+                stride_sn, FORMAT, SCALED_A, BLOCK_N,
+            )  # fmt: skip
             if SCALED_A:
                 # e4m3 times e4m3 (or f16 times f16), fp32 sums; both sides' scales of this K step
                 # (inside one 128-column group) multiply the step's partial product.
@@ -317,6 +338,7 @@ def _linear_kernel(
                 acc = tl.dot(a, tl.trans(w), acc)
             else:
                 acc += tl.dot(a, tl.trans(w)) * scale[None, :]
+            a_scale, scale = a_next, scale_next
     out = out_ptr + split.to(tl.int64) * stride_os
     if SWAP_AB:
         ptrs = out + m.to(tl.int64)[None, :] * stride_om + n[:, None]
@@ -325,6 +347,52 @@ def _linear_kernel(
         ptrs = out + m.to(tl.int64)[:, None] * stride_om + n[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
     tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _step_scales(
+    xs_ptr,
+    s_ptr,
+    m,
+    m_mask,
+    n,
+    n_mask,
+    pid_n,
+    k0,
+    k_end,
+    stride_xsm,
+    stride_sn,
+    FORMAT: tl.constexpr,
+    SCALED_A: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The scales of the K step at ``k0`` (none past ``k_end``): the activation rows' [BLOCK_M]
+    (SCALED_A; else unused) and the weight rows' [BLOCK_N] (1 for bf16 weights). The loop loads
+    them a step ahead: Triton's pipeliner leaves such loads (not feeding a dot) as plain loads in
+    the step that multiplies by them, so each step's scaling waited on loads issued in that step.
+    A tile of at most 128 weight rows (BLOCK_N divides 128: tiles are aligned to the scale rows)
+    has one weight scale a step: one load, where a scale per row loaded the same address once
+    for each of a thread's columns. The sm_90 code of Triton 3.6 for the 64 x 64 tensor-
+    descriptor tiles: 18 loads a step, each used in its step, before; 3 now, each a step ahead,
+    and 79 registers a thread against 122 (not yet timed on the H200)."""
+    # The masks as tensors of the loads' shapes: the interpreter takes no Python bool for one.
+    a_scale = tl.full(m.shape, 1.0, tl.float32)
+    if SCALED_A:
+        live_rows = m_mask & ((m * 0 + k0) < k_end)
+        a_scale = tl.load(
+            xs_ptr + m.to(tl.int64) * stride_xsm + k0 // 128, mask=live_rows, other=0.0
+        )
+    if FORMAT == 0:
+        scale = tl.full(n.shape, 1.0, tl.float32)
+    elif 128 % BLOCK_N == 0:
+        live = (tl.zeros((), tl.int32) + k0) < k_end
+        row_block = pid_n * BLOCK_N // 128
+        scale = weight_scale_of_rows(s_ptr, row_block, k0, live, stride_sn, FORMAT)
+        scale = tl.full(n.shape, 0.0, tl.float32) + scale
+    else:
+        live_cols = n_mask & ((n * 0 + k0) < k_end)
+        scale = weight_scales(s_ptr, n, live_cols, k0, stride_sn, FORMAT)
+    return a_scale, scale
 
 
 @triton.jit

@@ -72,6 +72,21 @@ def weight_scales(s_base, n, n_mask, k0, stride_sn, FORMAT: tl.constexpr):
 
 
 @triton.jit
+def weight_scale_of_rows(s_base, row_block, k0, live, stride_sn, FORMAT: tl.constexpr):
+    """What :func:`weight_scales` gives every row of scale row ``row_block`` (the 128 weight rows
+    ``row_block * 128 ...``) for K step ``k0``, as one scalar load: a tile of at most 128 rows,
+    aligned to them, has one scale a step. 0 where not ``live``."""
+    ptr = s_base + row_block * stride_sn + k0 // 128
+    if FORMAT == 1:
+        scale = tl.load(ptr, mask=live, other=0.0)
+    else:  # ue8m0 codes, as weight_scales decodes them
+        field = tl.load(ptr, mask=live, other=127).to(tl.int32)
+        power = (field << 23).to(tl.float32, bitcast=True)
+        scale = tl.where(field == 0, 5.877471754111438e-39, power)
+    return scale
+
+
+@triton.jit
 def int4_product(
     a_rows,  # [BLOCK_M] pointers to the activation rows
     a_valid,  # [BLOCK_M]
