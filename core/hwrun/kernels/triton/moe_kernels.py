@@ -46,6 +46,60 @@ def _row_scales(ptrs, valid, F16: tl.constexpr):
 
 
 @triton.jit
+def _gate_up_scales(
+    x_scales,  # [BLOCK_M] pointers to the rows' scales (their first group)
+    valid,
+    s_base,
+    n,
+    n_mask,
+    I,
+    k0,
+    k_end,
+    stride_sn,
+    FORMAT: tl.constexpr,
+    SCALED_ROWS: tl.constexpr,
+):
+    """The gate/up K step ``k0``'s scales (none past ``k_end``): the activation rows' (ones
+    unless SCALED_ROWS) and the gate and up weight rows'. The kernels load them a step ahead:
+    Triton's pipeliner leaves loads that feed no dot in the step that uses them (as in
+    linear.py's _step_scales)."""
+    live_rows = valid & ((valid.to(tl.int32) * 0 + k0) < k_end)
+    live_cols = n_mask & ((n * 0 + k0) < k_end)
+    a_scale = _row_scales(x_scales + k0 // 128, live_rows, SCALED_ROWS)
+    if FORMAT == 0:
+        sg = tl.full(n.shape, 1.0, tl.float32)
+        su = sg
+    else:
+        sg = weight_scales(s_base, n, live_cols, k0, stride_sn, FORMAT)
+        su = weight_scales(s_base, n + I, live_cols, k0, stride_sn, FORMAT)
+    return a_scale, sg, su
+
+
+@triton.jit
+def _down_scales(
+    h_scales,  # [BLOCK_M] pointers to the rows' h scales (their first group)
+    valid,
+    s_base,
+    n,
+    n_mask,
+    k0,
+    k_end,
+    stride_sn,
+    FORMAT: tl.constexpr,
+    SCALED_ROWS: tl.constexpr,
+    H_GROUP: tl.constexpr,
+):
+    """The down K step ``k0``'s scales (none past ``k_end``), as _gate_up_scales."""
+    live_rows = valid & ((valid.to(tl.int32) * 0 + k0) < k_end)
+    a_scale = _row_scales(h_scales + k0 // H_GROUP, live_rows, SCALED_ROWS)
+    if FORMAT == 0:
+        s = tl.full(n.shape, 1.0, tl.float32)
+    else:
+        s = weight_scales(s_base, n, n_mask & ((n * 0 + k0) < k_end), k0, stride_sn, FORMAT)
+    return a_scale, s
+
+
+@triton.jit
 def _expert_weights(
     expert, w_ptr, s_ptr, sw_ptr, ss_ptr, stride_we, stride_se, E, HAS_SHARED: tl.constexpr
 ):
@@ -186,7 +240,13 @@ def _gate_up_kernel(
     up = _zeros(BLOCK_M, BLOCK_N, A8)
     k_run = tl.cdiv(tl.cdiv(D, BLOCK_K), SPLITS) * BLOCK_K
     k_start = tl.program_id(2) * k_run
-    for k0 in range(k_start, tl.minimum(D, k_start + k_run), BLOCK_K):
+    k_end = tl.minimum(D, k_start + k_run)
+    x_scales = xs_ptr + token * tl.cdiv(D, 128)
+    if FORMAT != 3:  # the step's scales, loaded a step ahead (_step_scales)
+        a_scale, sg, su = _gate_up_scales(
+            x_scales, valid, s_base, n, n_mask, I, k_start, k_end, stride_sn, FORMAT, F16 or A8
+        )
+    for k0 in range(k_start, k_end, BLOCK_K):
         if FORMAT == 3:
             a_rows = x_ptr + token * D
             gate += int4_product(
@@ -212,18 +272,15 @@ def _gate_up_kernel(
             a = _activation_tile(
                 x_ptr + token[:, None] * D + kk[None, :], valid[:, None] & k_mask[None, :], WIDE, A8
             )
-            a_scale = _row_scales(xs_ptr + token * tl.cdiv(D, 128) + k0 // 128, valid, F16 or A8)
             if TMA:  # gate rows past I read up rows, up rows past 2I zeros: columns not stored
                 n0 = tl.program_id(1) * BLOCK_N
                 wg = codes.load([row0 + n0, k0]).to(WIDE)
                 wu = codes.load([row0 + n0 + I, k0]).to(WIDE)
-                sg = weight_scales(s_base, n, n_mask, k0, stride_sn, FORMAT)
-                su = weight_scales(s_base, n + I, n_mask, k0, stride_sn, FORMAT)
-            else:
-                wg, sg = weight_tile(
+            else:  # (weight_tile's own scales go unused: the compiler drops their loads)
+                wg, _ = weight_tile(
                     w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
                 )
-                wu, su = weight_tile(
+                wu, _ = weight_tile(
                     w_base,
                     s_base,
                     n + I,
@@ -236,8 +293,13 @@ def _gate_up_kernel(
                     FORMAT,
                     WIDE,
                 )
+            a_next, sg_next, su_next = _gate_up_scales(
+                x_scales, valid, s_base, n, n_mask, I, k0 + BLOCK_K, k_end, stride_sn, FORMAT,
+                F16 or A8,
+            )  # fmt: skip
             gate = _scaled_product(gate, a, wg, sg, a_scale, FORMAT, F16, A8)
             up = _scaled_product(up, a, wu, su, a_scale, FORMAT, F16, A8)
+            a_scale, sg, su = a_next, sg_next, su_next
     gate = _untransposed(gate, A8)
     up = _untransposed(up, A8)
     if SPLITS > 1:
@@ -327,6 +389,11 @@ def _down_kernel(
     n_mask = n < D
     h_groups = tl.cdiv(I, H_GROUP)
     acc = _zeros(BLOCK_M, BLOCK_N, A8)
+    h_scales = hs_ptr + rows.to(tl.int64) * h_groups
+    if FORMAT != 3:  # the step's scales, loaded a step ahead (_step_scales)
+        a_scale, s = _down_scales(
+            h_scales, valid, s_base, n, n_mask, 0, I, stride_sn, FORMAT, F16 or A8, H_GROUP
+        )
     for k0 in range(0, I, BLOCK_K):
         if FORMAT == 3:
             acc += int4_product(
@@ -352,17 +419,18 @@ def _down_kernel(
                 WIDE,
                 A8,
             )
-            a_scale = _row_scales(
-                hs_ptr + rows.to(tl.int64) * h_groups + k0 // H_GROUP, valid, F16 or A8
-            )
             if TMA:
                 w = codes.load([row0 + tl.program_id(1) * BLOCK_N, k0]).to(WIDE)
-                s = weight_scales(s_base, n, n_mask, k0, stride_sn, FORMAT)
-            else:
-                w, s = weight_tile(
+            else:  # (weight_tile's own scales go unused: the compiler drops their loads)
+                w, _ = weight_tile(
                     w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
                 )
+            a_next, s_next = _down_scales(
+                h_scales, valid, s_base, n, n_mask, k0 + BLOCK_K, I, stride_sn, FORMAT, F16 or A8,
+                H_GROUP,
+            )  # fmt: skip
             acc = _scaled_product(acc, a, w, s, a_scale, FORMAT, F16, A8)
+            a_scale, s = a_next, s_next
     acc = _untransposed(acc, A8)
     safe_slot = tl.where(valid, slot, 0).to(tl.int64)
     routed = valid & (safe_slot < N)
