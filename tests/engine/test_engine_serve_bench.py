@@ -34,9 +34,13 @@ def test_engine_serve_bench_on_the_default_model(tmp_path, scheduling):
         for name in ("ttft_ms", "tpot_ms"):
             assert 0 < row[f"{name}_p50"] <= row[f"{name}_p90"] <= row[f"{name}_p99"]
         assert "decode_roofline_ms" not in row  # CPU: no measured copy bandwidth
-        # 6 prompts of 24 tokens: each prefilled in a step of its own kind, then 4 decode
-        # steps each (the first token comes from the prefill), at most 3 requests at once.
-        assert row["prefill_steps"] >= 2 and row["decode_steps"] >= 8
+        # 6 prompts of 24 tokens, at most 3 requests at once: at least 2 steps with prefill
+        # chunks, and 6 x 4 decode tokens (the first comes from the prefill) at most 3 a step.
+        # A step counts as "prefill" when any of its chunks is one, and under load the
+        # scheduler can put decode rows beside a newly arrived prompt (CI, 2026-12-04: 4
+        # prefill and 7 decode steps), so the decode tokens' bound is over both kinds.
+        assert row["prefill_steps"] >= 2 and row["decode_steps"] >= 1
+        assert row["prefill_steps"] + row["decode_steps"] >= 6 * 4 / 3
         for kind in ("decode", "prefill"):
             parts = row[f"{kind}_runner_host_ms"] + row[f"{kind}_device_wait_ms"]
             assert 0 < parts <= row[f"{kind}_step_ms"]
