@@ -46,52 +46,26 @@ def _row_scales(ptrs, valid, F16: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_scales(
-    x_scales,  # [BLOCK_M] pointers to the rows' scales (their first group)
+def _step_scales(
+    row_scales,  # [BLOCK_M] pointers to the activation rows' scales (their first group)
     valid,
     s_base,
     n,
     n_mask,
-    I,
     k0,
     k_end,
     stride_sn,
     FORMAT: tl.constexpr,
     SCALED_ROWS: tl.constexpr,
+    ROW_GROUP: tl.constexpr,  # activation columns under one row scale
 ):
-    """The gate/up K step ``k0``'s scales (none past ``k_end``): the activation rows' (ones
-    unless SCALED_ROWS) and the gate and up weight rows'. The kernels load them a step ahead:
+    """K step ``k0``'s scales (none past ``k_end``): the activation rows' (ones unless
+    SCALED_ROWS) and weight rows ``n``'s (ones for bf16). The kernels load them a step ahead:
     Triton's pipeliner leaves loads that feed no dot in the step that uses them (as in
-    linear.py's _step_scales)."""
+    linear.py's _step_scales). Gate/up calls it for the up rows too, dropping the rows' scales
+    (a load nothing reads is not emitted)."""
     live_rows = valid & ((valid.to(tl.int32) * 0 + k0) < k_end)
-    live_cols = n_mask & ((n * 0 + k0) < k_end)
-    a_scale = _row_scales(x_scales + k0 // 128, live_rows, SCALED_ROWS)
-    if FORMAT == 0:
-        sg = tl.full(n.shape, 1.0, tl.float32)
-        su = sg
-    else:
-        sg = weight_scales(s_base, n, live_cols, k0, stride_sn, FORMAT)
-        su = weight_scales(s_base, n + I, live_cols, k0, stride_sn, FORMAT)
-    return a_scale, sg, su
-
-
-@triton.jit
-def _down_scales(
-    h_scales,  # [BLOCK_M] pointers to the rows' h scales (their first group)
-    valid,
-    s_base,
-    n,
-    n_mask,
-    k0,
-    k_end,
-    stride_sn,
-    FORMAT: tl.constexpr,
-    SCALED_ROWS: tl.constexpr,
-    H_GROUP: tl.constexpr,
-):
-    """The down K step ``k0``'s scales (none past ``k_end``), as _gate_up_scales."""
-    live_rows = valid & ((valid.to(tl.int32) * 0 + k0) < k_end)
-    a_scale = _row_scales(h_scales + k0 // H_GROUP, live_rows, SCALED_ROWS)
+    a_scale = _row_scales(row_scales + k0 // ROW_GROUP, live_rows, SCALED_ROWS)
     if FORMAT == 0:
         s = tl.full(n.shape, 1.0, tl.float32)
     else:
@@ -243,8 +217,11 @@ def _gate_up_kernel(
     k_end = tl.minimum(D, k_start + k_run)
     x_scales = xs_ptr + token * tl.cdiv(D, 128)
     if FORMAT != 3:  # the step's scales, loaded a step ahead (_step_scales)
-        a_scale, sg, su = _gate_up_scales(
-            x_scales, valid, s_base, n, n_mask, I, k_start, k_end, stride_sn, FORMAT, F16 or A8
+        a_scale, sg = _step_scales(
+            x_scales, valid, s_base, n, n_mask, k_start, k_end, stride_sn, FORMAT, F16 or A8, 128
+        )
+        _, su = _step_scales(
+            x_scales, valid, s_base, n + I, n_mask, k_start, k_end, stride_sn, FORMAT, False, 128
         )
     for k0 in range(k_start, k_end, BLOCK_K):
         if FORMAT == 3:
@@ -293,9 +270,13 @@ def _gate_up_kernel(
                     FORMAT,
                     WIDE,
                 )
-            a_next, sg_next, su_next = _gate_up_scales(
-                x_scales, valid, s_base, n, n_mask, I, k0 + BLOCK_K, k_end, stride_sn, FORMAT,
-                F16 or A8,
+            a_next, sg_next = _step_scales(
+                x_scales, valid, s_base, n, n_mask, k0 + BLOCK_K, k_end, stride_sn, FORMAT,
+                F16 or A8, 128,
+            )  # fmt: skip
+            _, su_next = _step_scales(
+                x_scales, valid, s_base, n + I, n_mask, k0 + BLOCK_K, k_end, stride_sn, FORMAT,
+                False, 128,
             )  # fmt: skip
             gate = _scaled_product(gate, a, wg, sg, a_scale, FORMAT, F16, A8)
             up = _scaled_product(up, a, wu, su, a_scale, FORMAT, F16, A8)
@@ -391,7 +372,7 @@ def _down_kernel(
     acc = _zeros(BLOCK_M, BLOCK_N, A8)
     h_scales = hs_ptr + rows.to(tl.int64) * h_groups
     if FORMAT != 3:  # the step's scales, loaded a step ahead (_step_scales)
-        a_scale, s = _down_scales(
+        a_scale, s = _step_scales(
             h_scales, valid, s_base, n, n_mask, 0, I, stride_sn, FORMAT, F16 or A8, H_GROUP
         )
     for k0 in range(0, I, BLOCK_K):
@@ -425,7 +406,7 @@ def _down_kernel(
                 w, _ = weight_tile(
                     w_base, s_base, n, n_mask, k0, kk, k_mask, stride_wn, stride_sn, FORMAT, WIDE
                 )
-            a_next, s_next = _down_scales(
+            a_next, s_next = _step_scales(
                 h_scales, valid, s_base, n, n_mask, k0 + BLOCK_K, I, stride_sn, FORMAT, F16 or A8,
                 H_GROUP,
             )  # fmt: skip
