@@ -61,13 +61,19 @@ def fp8_key_scores(elem_rows, scale_rows, n_mask, qt, Q_FP8: tl.constexpr, WIDE:
     ``elem_rows``: [BLOCK_N] pointers to each key's 128 e4m3 bytes; ``scale_rows``: [BLOCK_N]
     pointers to its fp32 scale.
     """
+    scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32)), mask=n_mask, other=0.0)
+    return fp8_key_products(elem_rows, n_mask, qt, Q_FP8, WIDE) * scale[:, None]
+
+
+@triton.jit
+def fp8_key_products(elem_rows, n_mask, qt, Q_FP8: tl.constexpr, WIDE: tl.constexpr):
+    """[BLOCK_N, M] fp32 = k . q for fp8 keys, before their scales (fp8_key_scores)."""
     d = tl.arange(0, 128)
     raw = tl.load(elem_rows[:, None] + d[None, :], mask=n_mask[:, None], other=0)
     keys = raw.to(tl.float8e4nv, bitcast=True)
     if not Q_FP8:
         keys = keys.to(WIDE)
-    scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32)), mask=n_mask, other=0.0)
-    return tl.dot(keys, qt) * scale[:, None]
+    return tl.dot(keys, qt)
 
 
 def _use_ptx_unpack() -> bool:

@@ -20,6 +20,7 @@ from hwrun.kernels.triton.descriptors import nvidia_sm90_or_later, use_torch_all
 from hwrun.kernels.triton.index_key_tiles import (
     FMT_FP8,
     FMT_MXFP4,
+    fp8_key_products,
     fp8_key_scores,
     load_query_fp8_keys,
     load_query_group,
@@ -111,21 +112,36 @@ def _score_steps(
     in_block = tok % BLOCK_SIZE
     out_rows = out_ptr + (b * NEXT_N + rows) * out_stride
     key_blocks = tl.cdiv(longest, BLOCK_SIZE)
+    if FMT == 0:  # fp8 keys' scales a step ahead, their block ids two (_step_blocks)
+        table_row = table_ptr + b * table_stride
+        scale = _key_scales(
+            _step_blocks(table_row, first, last, tok, key_blocks, BLOCK_SIZE, STEP, TMA),
+            cache_ptr, cache_block_stride, first, last, tok, in_block, longest,
+            TOKENS, BLOCK_SIZE, ELEM_BYTES,
+        )  # fmt: skip
+        blk_ahead = _step_blocks(
+            table_row, first + every, last, tok, key_blocks, BLOCK_SIZE, STEP, TMA
+        )
     # No branch inside the loop, so loads are pipelined.
     for j in range(first, last, every):
         pos = j * TOKENS + tok
         n_mask = pos < longest
+        if FMT == 0:
+            blk_after = _step_blocks(
+                table_row, j + 2 * every, last, tok, key_blocks, BLOCK_SIZE, STEP, TMA
+            )
+            scale_next = _key_scales(
+                blk_ahead, cache_ptr, cache_block_stride, j + every, last, tok, in_block,
+                longest, TOKENS, BLOCK_SIZE, ELEM_BYTES,
+            )  # fmt: skip
         if TMA:
             # One block a step (STEP == 1), always allocated: j < key_blocks.
             blk = tl.load(table_ptr + b * table_stride + j).to(tl.int64)
-            page = cache_ptr + blk * cache_block_stride
-            scale_rows = page + BLOCK_SIZE * ELEM_BYTES + in_block * 4
             # Keys past the longest row are read as stored: their scores land in the rows'
             # -inf positions below, each product row depending on its own key only.
             keys = key_desc.load([(blk * cache_block_stride // 128).to(tl.int32), 0])
             if not Q_FP8:
                 keys = keys.to(WIDE)
-            scale = tl.load(scale_rows.to(tl.pointer_type(tl.float32)), mask=n_mask, other=0.0)
             scores = tl.dot(keys, qt) * scale[:, None]
         else:
             blk_idx = j * STEP + tok // BLOCK_SIZE
@@ -136,7 +152,7 @@ def _score_steps(
             elem_rows = page + in_block * ELEM_BYTES
             scale_rows = page + BLOCK_SIZE * ELEM_BYTES + in_block * 4
             if FMT == 0:
-                scores = fp8_key_scores(elem_rows, scale_rows, n_mask, qt, Q_FP8, WIDE)
+                scores = fp8_key_products(elem_rows, n_mask, qt, Q_FP8, WIDE) * scale[:, None]
             elif FOLD:
                 scores = mxfp4_key_scores_folded(
                     elem_rows, scale_rows, n_mask, qt, q0, q1, q2, q3, Q_FP8, WIDE
@@ -149,6 +165,56 @@ def _score_steps(
         logits = tl.where(pos[:, None] < lens[None, :], logits, float("-inf"))
         store_mask = (pos[:, None] < max_ctx) & row_ok[None, :]
         tl.store(out_rows[None, :] + pos[:, None], logits, mask=store_mask)
+        if FMT == 0:
+            scale, blk_ahead = scale_next, blk_after
+
+
+@triton.jit
+def _step_blocks(
+    table_row,  # request b's block table
+    j,
+    last,
+    tok,
+    key_blocks,
+    BLOCK_SIZE: tl.constexpr,
+    STEP: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """The block ids of step ``j``'s keys (a scalar with TMA: one block a step; else one per
+    token), 0 for a step at or past ``last``. With :func:`_key_scales`, the fp8 keys' scales:
+    _score_steps loads each step's scales a step ahead and their block ids two ahead, as no
+    load of them waits on another in the step that issues it. Triton's pipeliner leaves a load
+    that feeds no dot in the step that multiplies by it (as in linear.py's _step_scales), and
+    each step waited on its block id and then on its scales."""
+    if TMA:
+        blk = tl.load(table_row + j, mask=(tl.zeros((), tl.int32) + j) < last, other=0)
+    else:
+        blk_idx = j * STEP + tok // BLOCK_SIZE
+        live = (blk_idx < key_blocks) & ((tok * 0 + j) < last)
+        blk = tl.load(table_row + blk_idx, mask=live, other=0)
+    return blk
+
+
+@triton.jit
+def _key_scales(
+    blk,  # _step_blocks' ids of step j
+    cache_ptr,
+    cache_block_stride,
+    j,
+    last,
+    tok,
+    in_block,
+    longest,
+    TOKENS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    ELEM_BYTES: tl.constexpr,
+):
+    """The fp32 scales [TOKENS] of step ``j``'s fp8 keys (0 past the longest row, and for a
+    step at or past ``last``)."""
+    n_mask = ((j * TOKENS + tok) < longest) & ((tok * 0 + j) < last)
+    page = cache_ptr + blk.to(tl.int64) * cache_block_stride
+    scale_rows = page + BLOCK_SIZE * ELEM_BYTES + in_block * 4
+    return tl.load(scale_rows.to(tl.pointer_type(tl.float32)), mask=n_mask, other=0.0)
 
 
 @triton.jit
