@@ -261,6 +261,27 @@ VARIANTS = {
         {**MOE_A8W8, "BLOCK_N": 128, "BLOCK_K": 128, "H_GROUP": 128, "TMA": True, "HOST_TMA": True},
     ),
     # Fp32Linear at decode: bf16 tiles, fp32 sums, the K runs added by the last (8 of 64 rows)
+    # prefill logits over fp8 keys: the program's 4 query rows of 64 heads in one product
+    "ragged_fp8_rows": (
+        {
+            "q_ptr": "*fp8e4nv",
+            "w_ptr": "*fp32",
+            **dict.fromkeys(("elem_ptr", "scale_ptr"), "*u8"),
+            **dict.fromkeys(("ks_ptr", "ke_ptr"), "*i32"),
+            "out_ptr": "*fp32",
+            **dict.fromkeys(("M", "N", "elem_stride", "scale_stride"), "i32"),
+        },
+        {
+            "H": 64,
+            "HP": 64,
+            "BLOCK_N": 64,
+            "ROWS": 4,
+            "FMT": 0,
+            "Q_FP8": True,
+            "WIDE": "bf16",
+            "FOLD": False,
+        },
+    ),
     "fp32out_split": (
         {
             "x_ptr": "*bf16",
@@ -312,6 +333,7 @@ def _compile(variant: str) -> int:
     from hwrun.kernels.triton.indexer_logits import (
         _paged_logits_kernel,
         _persistent_paged_logits_kernel,
+        _ragged_logits_kernel,
     )
     from hwrun.kernels.triton.linear import _linear_kernel
     from hwrun.kernels.triton.moe_kernels import _down_kernel, _gate_up_kernel
@@ -327,6 +349,7 @@ def _compile(variant: str) -> int:
         "fill": _fill_outside,
         "paged": _paged_logits_kernel,
         "persistent": _persistent_paged_logits_kernel,
+        "ragged": _ragged_logits_kernel,
         "mla": _sparse_mla_decode_kernel,
         "gateup": _gate_up_kernel,
         "down": _down_kernel,

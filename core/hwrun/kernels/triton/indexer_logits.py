@@ -7,7 +7,8 @@ that step: the split grid, program (b, split) taking steps split, split + SPLITS
 request b; and the persistent grid, a fixed number of programs each taking an equal share of
 all requests' key steps laid end to end (then of the -inf steps), whatever the lengths.
 Ragged: program (key tile, row group) reads one tile of keys and scores ROWS query rows
-against it.
+against it; over fp8 keys in one product of the rows' heads side by side (_ragged_fp8_rows),
+over mxfp4 keys one row at a time.
 """
 
 from __future__ import annotations
@@ -567,6 +568,12 @@ def _ragged_logits_kernel(
     head = tl.arange(0, HP)
     h_mask = head < H
     tile_lo = tl.program_id(0) * BLOCK_N
+    if FMT == 0:
+        _ragged_fp8_rows(
+            q_ptr, w_ptr, elem_rows, scale_rows, ks_ptr, ke_ptr, out_ptr, M, N, n, n_mask,
+            tile_lo, H, HP, BLOCK_N, ROWS, Q_FP8, WIDE,
+        )  # fmt: skip
+        return
     for i in range(ROWS):
         m = tl.program_id(1) * ROWS + i
         if m < M:
@@ -598,6 +605,53 @@ def _ragged_logits_kernel(
             else:
                 logits = tl.full((BLOCK_N,), float("-inf"), tl.float32)
             tl.store(out_ptr + m.to(tl.int64) * N + n64, logits, mask=n_mask)
+
+
+@triton.jit
+def _ragged_fp8_rows(
+    q_ptr,
+    w_ptr,
+    elem_rows,  # [BLOCK_N] pointers to the tile's keys
+    scale_rows,  # [BLOCK_N] pointers to their scales
+    ks_ptr,
+    ke_ptr,
+    out_ptr,
+    M,
+    N,
+    n,
+    n_mask,
+    tile_lo,
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+    Q_FP8: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    """fp8 keys against the program's ROWS query rows in one product: the tile's keys and
+    scales loaded once, the rows' heads side by side ([BLOCK_N, ROWS * HP], as the paged
+    kernel's NEXT_N rows), each row's window applied after. A product per row reloaded the
+    tile's keys and scales for every row and gave the matrix units ROWS narrow products
+    instead of one. Columns outside a row's window but inside another's are computed for it
+    and set to -inf; columns outside every row's are never read."""
+    m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    m_ok = m < M
+    starts = tl.load(ks_ptr + m, mask=m_ok, other=0)
+    ends = tl.load(ke_ptr + m, mask=m_ok, other=0)
+    inside = (n[:, None] >= starts[None, :]) & (n[:, None] < ends[None, :]) & m_ok[None, :]
+    logits = tl.full((BLOCK_N, ROWS), float("-inf"), tl.float32)
+    if tl.max(tl.sum(inside.to(tl.int32), 0), 0) > 0:
+        read = tl.max(inside.to(tl.int32), 1) > 0  # a column some row's window holds
+        col = tl.arange(0, ROWS * HP)
+        row_of, head = col // HP, col % HP
+        q_rows = (tl.program_id(1) * ROWS + row_of).to(tl.int64) * H + head
+        q_ok = (head < H) & ((tl.program_id(1) * ROWS + row_of) < M)
+        w = tl.load(w_ptr + q_rows, mask=q_ok, other=0.0)
+        qt = load_query_fp8_keys(q_ptr, q_rows, q_ok, 128, Q_FP8, WIDE)
+        scores = fp8_key_scores(elem_rows, scale_rows, read & n_mask, qt, Q_FP8, WIDE)
+        logits = tl.where(inside, weighted_relu_sum(scores, w, ROWS, HP), logits)
+    out = out_ptr + m.to(tl.int64)[None, :] * N + n.to(tl.int64)[:, None]
+    tl.store(out, logits, mask=n_mask[:, None] & m_ok[None, :])
 
 
 def logits_ragged(
