@@ -109,25 +109,14 @@ def step_bytes(runner: ModelRunner, batch: int, context: int) -> float:
 
 
 def copy_bandwidth(device: torch.device) -> float:
-    """The device-to-device copy rate, bytes read plus written per second: the median of 10
-    copies of 1 GiB, each timed by CUDA events, after one warm-up copy.
+    """The copy rate under the roofline: gpu_bench_common's event-timed copy, as the op benches
+    measure it. Until 2026-12-04 this bench timed each copy on the host around a synchronize,
+    which counted the host's launch and wait latency as copy time: on one H200 machine 4.14
+    TB/s where the event-timed copy read 4.22 in the same run, and 3.98 on another machine; the
+    rooflines over it were that much too long and their percentages 2-6% high."""
+    from gpu_bench_common import copy_bytes_per_s  # imports Triton: GPU runs only
 
-    Until 2026-12-04 each copy was timed by the host around a synchronize, which added the
-    host's launch and wait latency to every ~0.5 ms copy: on one H200 machine 4.14 TB/s where
-    the event-timed copy of gpu_bench_common.py read 4.22 in the same run, and 3.98 on another
-    machine; the rooflines over it were that much too long and their percentages 2-6% high."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device).random_()
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * src.numel() / statistics.median(times)
+    return copy_bytes_per_s(device)
 
 
 def time_decode(runner: ModelRunner, batch: int, context: int, steps: int) -> float:

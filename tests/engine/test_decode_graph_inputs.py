@@ -33,9 +33,9 @@ def test_regions_are_disjoint_aligned_views(rows: int, width: int):
     assert torch.equal(rows64, want64) and torch.equal(rows32, want32)
     assert torch.equal(tables, tables_want)
     # A bucket of b rows copies the prefix up to its tables' end: every row input is inside.
+    assert layout.prefix_bytes(rows) == layout.nbytes
     for bucket in {1, rows}:
-        prefix = layout.tables_at + bucket * width * 4
-        assert prefix <= layout.nbytes
+        prefix = layout.prefix_bytes(bucket)
         copy = torch.zeros_like(buffer)
         copy[:prefix] = buffer[:prefix]
         got64, got32, got_tables = layout.views(copy)

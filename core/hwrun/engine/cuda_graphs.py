@@ -145,8 +145,7 @@ class DecodeGraphs:
         rows32[1, :batch] = rows64[1, :batch] + 1
         rows32[1, batch:bucket] = 0
         tables[batch:bucket] = -1
-        # The rows, then the tables of the bucket's rows (a prefix of the tables' region).
-        nbytes = self._layout.tables_at + bucket * tables.strides[0]
+        nbytes = self._layout.prefix_bytes(bucket)
         self._inputs[:nbytes].copy_(self._host_inputs[turn][:nbytes], non_blocking=True)
         self._copied[turn].record()
         self._turn = 1 - turn
@@ -174,6 +173,11 @@ class _InputLayout:
         self.rows32_at = self._aligned(2 * rows * 8)
         self.tables_at = self._aligned(self.rows32_at + 2 * rows * 4)
         self.nbytes = self.tables_at + rows * width * 4
+
+    def prefix_bytes(self, rows: int) -> int:
+        """The bytes a step of ``rows`` rows copies: every per-row input, then the first
+        ``rows`` tables (a prefix of the tables' region)."""
+        return self.tables_at + rows * self.width * 4
 
     def _aligned(self, offset: int) -> int:
         return -(-offset // self.ALIGN) * self.ALIGN

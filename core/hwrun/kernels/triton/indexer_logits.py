@@ -640,8 +640,8 @@ def _ragged_fp8_rows(
     ends = tl.load(ke_ptr + m, mask=m_ok, other=0)
     inside = (n[:, None] >= starts[None, :]) & (n[:, None] < ends[None, :]) & m_ok[None, :]
     logits = tl.full((BLOCK_N, ROWS), float("-inf"), tl.float32)
-    if tl.max(tl.sum(inside.to(tl.int32), 0), 0) > 0:
-        read = tl.max(inside.to(tl.int32), 1) > 0  # a column some row's window holds
+    read = tl.max(inside.to(tl.int32), 1) > 0  # a column some row's window holds
+    if tl.max(read.to(tl.int32), 0) > 0:
         col = tl.arange(0, ROWS * HP)
         row_of, head = col // HP, col % HP
         q_rows = (tl.program_id(1) * ROWS + row_of).to(tl.int64) * H + head
