@@ -30,7 +30,14 @@ from gpu_bench_common import (
     write_results,
 )
 
-from hwrun.kernels.triton import indexer_logits, kv_write, lse_combine, sparse_mla, topk_threshold
+from hwrun.kernels.triton import (
+    indexer_logits,
+    indexer_logits_ragged,
+    kv_write,
+    lse_combine,
+    sparse_mla,
+    topk_threshold,
+)
 from hwrun.ops import attn as ref_attn
 from hwrun.ops import indexer as ref_indexer
 from hwrun.ops import kv_write as ref_kv
@@ -314,7 +321,7 @@ def ragged_rows(ceil):
     for fmt in ("fp8", "mxfp4"):
         elements, scales = get_index_key_format(fmt).encode(torch.randn(n, 128, device="cuda"))
         us = bench(
-            lambda e=elements, s=scales, fmt=fmt: indexer_logits.logits_ragged(
+            lambda e=elements, s=scales, fmt=fmt: indexer_logits_ragged.logits_ragged(
                 q, w, e, s, fmt, ks, ke
             )
         )

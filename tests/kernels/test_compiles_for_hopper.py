@@ -333,8 +333,8 @@ def _compile(variant: str) -> int:
     from hwrun.kernels.triton.indexer_logits import (
         _paged_logits_kernel,
         _persistent_paged_logits_kernel,
-        _ragged_logits_kernel,
     )
+    from hwrun.kernels.triton.indexer_logits_ragged import _ragged_logits_kernel
     from hwrun.kernels.triton.linear import _linear_kernel
     from hwrun.kernels.triton.moe_kernels import _down_kernel, _gate_up_kernel
     from hwrun.kernels.triton.sparse_mla import _sparse_mla_decode_kernel

@@ -138,7 +138,7 @@ def test_logits_paged(fmt, q_dtype, batch, next_n, heads):
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 def test_logits_ragged(fmt):
-    from hwrun.kernels.triton.indexer_logits import logits_ragged
+    from hwrun.kernels.triton.indexer_logits_ragged import logits_ragged
 
     m, n, heads = 300, 2000, 64
     elements, scales = get_index_key_format(fmt).encode(torch.randn(n, 128, device="cuda"))

@@ -146,7 +146,7 @@ def test_paged_launch_options_refused_with_reasons():
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 def test_logits_ragged_matches_reference(fmt):
-    from hwrun.kernels.triton.indexer_logits import logits_ragged
+    from hwrun.kernels.triton.indexer_logits_ragged import logits_ragged
     from hwrun.ops.indexer import logits_ragged as reference_ragged
 
     g = torch.Generator().manual_seed(11)
@@ -169,7 +169,7 @@ def test_logits_ragged_fp8_reads_only_keys_some_row_scores(q_dtype):
     and must read -inf), an empty row, a partial last row group, and 0xFF bytes (NaN keys and
     scales) in every key no row's window holds, whose products must not reach the output
     (masking by arithmetic, a score times 0, would let NaN through)."""
-    from hwrun.kernels.triton.indexer_logits import logits_ragged
+    from hwrun.kernels.triton.indexer_logits_ragged import logits_ragged
     from hwrun.ops.indexer import logits_ragged as reference_ragged
 
     g = torch.Generator().manual_seed(12)
@@ -214,7 +214,7 @@ def _assert_logits_close_with_nan(got, want):
 
 @pytest.mark.parametrize("q_dtype", [torch.float8_e4m3fn, torch.bfloat16])
 def test_folded_mxfp4_groups_match_the_reference(q_dtype):
-    from hwrun.kernels.triton.indexer_logits import logits_ragged
+    from hwrun.kernels.triton.indexer_logits_ragged import logits_ragged
     from hwrun.ops.indexer import logits_ragged as reference_ragged
 
     g = torch.Generator().manual_seed(5)

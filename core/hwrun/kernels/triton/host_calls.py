@@ -36,7 +36,7 @@ def logits_ragged(
     ks: torch.Tensor,  # [M] int32
     ke: torch.Tensor,  # [M] int32
 ) -> torch.Tensor:  # [M, N] float32
-    from hwrun.kernels.triton.indexer_logits import logits_ragged
+    from hwrun.kernels.triton.indexer_logits_ragged import logits_ragged
 
     return logits_ragged(q, weights, key_elements, key_scales, fmt, ks, ke)
 
