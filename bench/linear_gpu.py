@@ -20,7 +20,10 @@ multiply fp8 activations (x quantized per token and 128 columns beforehand, not 
 op (a8w8), shown as the speed such kernels reach, not as like-for-like.
 
 Block-FP8 shapes get a second row, ``dense.linear_a8w8`` (x quantized to e4m3 per token and 128
-columns inside the timed call, then e4m3 x e4m3), against the two a8w8 peers.
+columns inside the timed call, then e4m3 x e4m3), against the two a8w8 peers, and where DeepGEMM
+loads a third: the NVIDIA plugin's ``deepgemm`` impl of it (the quantizer, then ``fp8_gemm_nt``;
+the Triton kernel below ``DEEPGEMM_MIN_ROWS``). The DeepGEMM peer is handed its scales in its
+SM90 layout (tokens first), so it times its GEMM alone.
 
 ``--tune`` times, per shape and row count (and op), the tile grid of hwrun.kernels.triton.linear
 (DECODE_GRID with split_k in 1, 2, 4, 8, 16 for up to 64 rows; PREFILL_GRID above) and reports
@@ -80,6 +83,11 @@ def fp8_peers(x: torch.Tensor, weight: QuantizedWeight, log: list[str], label: s
     groups = x.float().view(m, -1, 128)
     x_scales = groups.abs().amax(-1).clamp_min(1e-4) / 448.0  # [M, K/128]
     x_codes = (groups / x_scales[..., None]).to(torch.float8_e4m3fn).view(m, k)
+    # DeepGEMM's SM90 layout (tokens first, 16-byte-aligned columns): its GEMM alone is timed,
+    # not the transpose it would launch for row-major scales
+    padded = -(-m // 4) * 4
+    dg_scales = torch.zeros(k // 128, padded, device="cuda")[:, :m].t()
+    dg_scales.copy_(x_scales)
     w_codes = weight.data.view(torch.float8_e4m3fn)
     out = torch.empty(m, weight.shape[0], device="cuda", dtype=torch.bfloat16)
     if importlib.util.find_spec("deep_gemm") is not None:
@@ -87,7 +95,7 @@ def fp8_peers(x: torch.Tensor, weight: QuantizedWeight, log: list[str], label: s
             import deep_gemm
 
             def deepgemm() -> None:
-                deep_gemm.fp8_gemm_nt((x_codes, x_scales), (w_codes, weight.scales), out)
+                deep_gemm.fp8_gemm_nt((x_codes, dg_scales), (w_codes, weight.scales), out)
 
             deepgemm()
             peers["DeepGEMM a8w8"] = bench(deepgemm)
@@ -109,6 +117,17 @@ def fp8_peers(x: torch.Tensor, weight: QuantizedWeight, log: list[str], label: s
     except Exception as exc:
         log.append(f"{label}: torch._scaled_mm blockwise failed: {type(exc).__name__}: {exc}")
     return peers
+
+
+def deepgemm_adapter_row(x, weight, shape: str, floor: float, peers: dict) -> Row:
+    """The NVIDIA plugin's DeepGEMM impl of dense.linear_a8w8 (quantizer + fp8_gemm_nt; the
+    Triton kernel below its crossover), x quantized in the timed call."""
+    from hwrun_nvidia.deepgemm_linear import linear_a8w8, uses_deepgemm
+
+    us = bench(lambda: linear_a8w8(x, weight))
+    where = "DeepGEMM" if uses_deepgemm(x.shape[0], weight) else "the Triton kernel"
+    note = f"x quantized in the timed call; served by {where}"
+    return Row("dense.linear_a8w8", shape, "deepgemm", us, floor, peers, note)
 
 
 def tune(
@@ -189,6 +208,9 @@ def rows_for(ceil, names, token_counts, args, log: list[str], deadline: float) -
                 a8w8_peers = {k: v for k, v in peers.items() if "a8w8" in k}
                 rows.append(Row("dense.linear_a8w8", shape, "triton", us, floor, a8w8_peers, note))
                 print(markdown(rows[-1:]), flush=True)
+                if not args.no_peers and "DeepGEMM a8w8" in peers:
+                    rows.append(deepgemm_adapter_row(x, weight, shape, floor, a8w8_peers))
+                    print(markdown(rows[-1:]), flush=True)
     return rows
 
 

@@ -75,6 +75,37 @@ def allclose(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, **_: Any) -> 
     )
 
 
+def allclose_terms(
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    tol: Tolerance,
+    *,
+    terms: torch.Tensor,  # like ref: each output's sum of |products| (|x| @ |W|^T for a GEMM)
+    **_: Any,
+) -> Measured:
+    """:func:`allclose` with ``tol.terms * terms`` added to each value's allowance: the error a
+    sum accumulated at the matrix units' precision may carry, in proportion to the magnitude of
+    what it summed rather than to the result (which cancellation can make arbitrarily small)."""
+    a = out.detach().float().cpu()
+    b = ref.detach().float().cpu()
+    mismatch = _nonfinite_mismatch(a, b)
+    if mismatch:
+        return Measured(float("inf"), mismatch)
+    finite = torch.isfinite(b)
+    if not bool(finite.any()):
+        return Measured(0.0)
+    err = (a - b).abs()[finite]
+    size = terms.detach().float().cpu()[finite]
+    ratio = err / (tol.atol + tol.rtol * b.abs()[finite] + tol.terms * size)
+    worst = int(ratio.argmax())
+    return Measured(
+        float(ratio[worst]),
+        f"max |diff| {float(err.max()):.3g}; worst ratio at flat finite index {worst} "
+        f"(got {float(a[finite][worst]):.6g}, expected {float(b[finite][worst]):.6g}, "
+        f"terms {float(size[worst]):.3g})",
+    )
+
+
 def logits(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, **_: Any) -> Measured:
     """Indexer logits: -inf (masked) positions exact, then DeepGEMM's calc_diff per row over its
     finite positions, ``1 - 2*sum(a*b) / sum(a*a + b*b)`` (0 when equal; scale-free); the value
@@ -213,6 +244,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 METRICS: dict[str, Callable[..., Measured]] = {
     "exact": exact,
     "allclose": allclose,
+    "allclose_terms": allclose_terms,
     "logits": logits,
     "index_set": index_set,
     "row_sets": row_sets,

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from hwrun_conformance.metrics import allclose, exact, index_set, logits, row_sets, structural
+from hwrun_conformance.metrics import (
+    allclose,
+    allclose_terms,
+    exact,
+    index_set,
+    logits,
+    row_sets,
+    structural,
+)
 from hwrun_conformance.tolerances import EXACT, Tolerance
 
 NEG_INF = float("-inf")
@@ -53,6 +61,24 @@ def test_allclose_ratio_and_nonfinite_positions() -> None:
     assert 0.4 < allclose(ref + 5e-4, ref, tol).value < 1
     assert allclose(ref + 2e-3, ref, tol).value > 1
     assert allclose(torch.tensor([0.0, 1.0, 0.0]), ref, tol).value == float("inf")
+
+
+def test_allclose_terms_judges_a_cancelling_sum_by_its_terms() -> None:
+    """A GEMM output of -0.25 summed from terms of size ~2e4 (the scale_extremes case): an
+    error of 6, 2^-12 of the terms (fp8 tensor-core accumulation), passes; the same error
+    against an output whose terms are as small as itself fails, as does a wrong-scale error
+    of the terms' own size."""
+    tol = Tolerance(1.0, atol=1e-2, rtol=1e-2, terms=2**-10)
+    ref = torch.tensor([-0.25, 100.0, NEG_INF])
+    terms = torch.tensor([2.5e4, 100.0, 0.0])
+    got = torch.tensor([6.0, 100.5, NEG_INF])
+    assert 0.1 < allclose_terms(got, ref, tol, terms=terms).value < 1
+    assert allclose(got, ref, tol).value > 100  # the plain metric calls it wrong
+    assert allclose_terms(got, ref, tol, terms=torch.tensor([0.3, 100.0, 0.0])).value > 1
+    wrong_scale = torch.tensor([-0.25 + 2.5e4 / 16, 100.0, NEG_INF])
+    assert allclose_terms(wrong_scale, ref, tol, terms=terms).value > 1
+    inf_moved = torch.tensor([-0.25, 100.0, 0.0])
+    assert allclose_terms(inf_moved, ref, tol, terms=terms).value == float("inf")
 
 
 def test_exact_counts_differing_bytes_and_structure_checks() -> None:

@@ -216,6 +216,18 @@ def test_the_activation_quantizer_is_byte_exact(ue8m0):
         quantize_activations(x[:, :200], ue8m0)
 
 
+def test_the_activation_quantizer_lays_scales_out_tokens_first():
+    """token_major_scales: the same values in DeepGEMM's SM90 layout, strides (1, T rounded up
+    to 4), the padding columns never read back."""
+    g = torch.Generator().manual_seed(31)
+    for tokens in (1, 5, 8):
+        x = (torch.randn(tokens, 1152, generator=g) * 3).to(torch.bfloat16)  # 9 groups
+        codes, scales = quantize_activations(x, False, token_major_scales=True)
+        want_codes, want_scales = quantize_fp8_groups(x.float(), 128)
+        assert scales.shape == (tokens, 9) and scales.stride() == (1, -(-tokens // 4) * 4)
+        assert torch.equal(codes, want_codes) and torch.equal(scales, want_scales)
+
+
 @pytest.mark.parametrize("fmt", ["fp8_block128", "fp8_block128_ue8m0"])
 @pytest.mark.parametrize(
     "tiles",

@@ -51,6 +51,16 @@ def _uneven_groups(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _terms(kwargs) -> dict:
+    """Each output's sum of |products| over the quantized activations and the decoded weight
+    (the scale allclose_terms judges a dense.linear_a8w8 output against)."""
+    from hwrun.ops.linear import quantize_activations
+
+    x, weight = kwargs["x"], kwargs["weight"]
+    xq = quantize_activations(x.cpu(), weight.format)
+    return {"terms": xq.abs() @ weight.dequantize().cpu().abs().t()}
+
+
 def _sample(g, fmt, tokens, rows, cols, dtype, extreme, uneven) -> Sample:
     from hwrun.ops.quantized_weight import quantize_weight
 
@@ -84,7 +94,11 @@ def _case(
         name=name or fmt,
         spec=OpSpec(op=op, dtype=dtype_name, formats=(fmt,)),
         build=lambda g: _sample(g, fmt, tokens, rows, cols, dtype, extreme, uneven),
-        checks={"out": Check("allclose")},
+        checks={
+            "out": Check("allclose_terms", context=_terms)
+            if op == "dense.linear_a8w8"
+            else Check("allclose")
+        },
         seed=seed,
         quick=quick,
         about=about,
@@ -135,6 +149,28 @@ def _a8w8_cases() -> list[Case]:
             op=op,
             extreme=True,
             about="weight scale tiles 0, 2^-20 and 2^4",
+        ),
+        *_case(
+            "fp8_block128",
+            530,
+            21,
+            256,
+            384,
+            name="uneven_groups_21_rows",
+            op=op,
+            uneven=True,
+            about="the uneven groups at 21 rows (a partial 64-row tile; DeepGEMM serves from 16)",
+        ),
+        *_case(
+            "fp8_block128",
+            531,
+            21,
+            256,
+            384,
+            name="scale_extremes_21_rows",
+            op=op,
+            extreme=True,
+            about="the scale extremes at 21 rows",
         ),
         *_case(
             "fp8_block128",

@@ -1,5 +1,6 @@
 """The DeepGEMM and FlashMLA adapters on a CUDA GPU against the references (DeepGEMM's paged and
-ragged logits, FlashMLA's sparse decode and prefill), each skipped without its wheel.
+ragged logits and fp8 linear, FlashMLA's sparse decode and prefill), each skipped without its
+wheel.
 
 Run on the H200 with ``PYTHONPATH=core:plugins/nvidia:. pytest plugins/nvidia/tests`` after
 installing the wheels (../shared/tools/fetch-gpu-wheels.sh).
@@ -143,3 +144,45 @@ def test_deepgemm_paged_logits_replay_from_a_cuda_graph():
         return q, w, cache, "fp8", table, lens, 8192
 
     _replay_matches_eager(lambda *a: (logits_paged(*a),), inputs)
+
+
+def _fp8_weight(rows: int, cols: int):
+    from hwrun.ops.quantized_weight import quantize_weight
+
+    return quantize_weight(torch.randn(rows, cols, device="cuda") * 0.02, "fp8_block128")
+
+
+@needs_deepgemm
+@pytest.mark.parametrize("tokens", [1, 16, 64, 100, 512])
+@pytest.mark.parametrize(
+    "rows,cols", [(2240, 4096), (20480, 1536), (4096, 8192), (576, 1536), (160, 1536)]
+)
+def test_deepgemm_linear_a8w8_adapter(rows, cols, tokens):
+    """The bench model's joined projections, o_proj and kv_a's 576 rows, a weight whose rows
+    DeepGEMM's tiles do not cover evenly (160: the Triton kernel's), row counts on both sides of
+    the crossover and a partial 64-row tile; an outlier and a zero group. Within test_gpu_kernels.py's a8w8
+    tolerance: both sides multiply the same e4m3 codes, fp32 order apart."""
+    from hwrun.ops.linear import linear_a8w8 as reference
+    from hwrun_nvidia.deepgemm_linear import linear_a8w8, uses_deepgemm
+
+    weight = _fp8_weight(rows, cols)
+    x = (torch.randn(tokens, cols, device="cuda") * 0.1).to(torch.bfloat16)
+    x[0, 3] = 300.0
+    x[-1, 128:256] = 0
+    got, want = linear_a8w8(x, weight), reference(x, weight)
+    assert got.dtype == torch.bfloat16 and got.shape == (tokens, rows)
+    scale = float(want.float().abs().amax())
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=1e-3 * scale)
+    assert uses_deepgemm(tokens, weight) == (tokens >= 16 and rows % 64 == 0)
+
+
+@needs_deepgemm
+def test_deepgemm_linear_a8w8_replays_from_a_cuda_graph():
+    from hwrun_nvidia.deepgemm_linear import linear_a8w8
+
+    weight = _fp8_weight(4096, 8192)
+
+    def inputs():
+        return (torch.randn(64, 8192, device="cuda") * 0.1).to(torch.bfloat16), weight
+
+    _replay_matches_eager(lambda *a: (linear_a8w8(*a),), inputs)

@@ -49,9 +49,11 @@ def e4m3_groups(x, UE8M0: tl.constexpr):
 def _quantize_rows_kernel(
     x_ptr,  # [T, C] float, row stride stride_x
     codes_ptr,  # [T, C] uint8
-    scales_ptr,  # [T, C / 128] float32
+    scales_ptr,  # [T, C / 128] float32, strides (stride_s_row, stride_s_group)
     C,
     stride_x,
+    stride_s_row,
+    stride_s_group,
     UE8M0: tl.constexpr,
     GROUPS: tl.constexpr,  # groups per program, a power of two
     PDL: tl.constexpr = False,  # pdl.py's protocol
@@ -64,15 +66,21 @@ def _quantize_rows_kernel(
     x = tl.load(x_ptr + row * stride_x + col, mask=mask, other=0.0).to(tl.float32)
     codes, s = e4m3_groups(x, UE8M0)
     tl.store(codes_ptr + row * C + col, codes, mask=mask)
-    tl.store(scales_ptr + row * (C // 128) + g, s, mask=g < C // 128)
+    tl.store(scales_ptr + row * stride_s_row + g * stride_s_group, s, mask=g < C // 128)
 
 
 def quantize_activations(
     x: torch.Tensor,  # [T, C] float, C a multiple of 128
     ue8m0: bool,
+    token_major_scales: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # codes [T, C] uint8, scales [T, C / 128] float32
     """``quantize_fp8_groups(x, 128, ue8m0)`` in one launch (shape checks only: nothing here
-    reads a device value, so a CUDA graph can capture it)."""
+    reads a device value, so a CUDA graph can capture it).
+
+    ``token_major_scales``: the scales laid out tokens first (strides ``(1, T4)``, ``T4`` = T
+    rounded up to 4, so each group's column starts 16-byte aligned): the layout DeepGEMM's
+    SM90 fp8 GEMMs read through TMA. Given row-major scales they transpose them first, one more
+    launch per GEMM."""
     if x.dim() != 2 or x.shape[1] % BLOCK or not x.is_floating_point():
         raise ValueError(
             f"quantize_activations: x must be a float [T, C] tensor with C a multiple of "
@@ -80,7 +88,12 @@ def quantize_activations(
         )
     t, c = x.shape
     codes = torch.empty(t, c, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(t, c // BLOCK, dtype=torch.float32, device=x.device)
+    if token_major_scales:
+        padded = -(-t // 4) * 4
+        scales = torch.empty(c // BLOCK, padded, dtype=torch.float32, device=x.device)
+        scales = scales[:, :t].t()
+    else:
+        scales = torch.empty(t, c // BLOCK, dtype=torch.float32, device=x.device)
     if t == 0:
         return codes, scales
     prepare_launch()
@@ -88,7 +101,8 @@ def quantize_activations(
         x = x.contiguous()
     groups = min(GROUPS_PER_PROGRAM, triton.next_power_of_2(c // BLOCK))
     _quantize_rows_kernel[(t, triton.cdiv(c // BLOCK, groups))](
-        x, codes, scales, c, x.stride(0), UE8M0=ue8m0, GROUPS=groups, num_warps=4,
+        x, codes, scales, c, x.stride(0), scales.stride(0), scales.stride(1),
+        UE8M0=ue8m0, GROUPS=groups, num_warps=4,
         **pdl_options(x.device),
     )  # fmt: skip
     return codes, scales

@@ -1,0 +1,111 @@
+"""DeepGEMM adapter for ``dense.linear_a8w8`` (``fp8_gemm_nt``, Hopper).
+
+The op quantizes ``x`` per token and 128 columns to e4m3 and multiplies it by the block-FP8
+weight: what DeepGEMM's ``fp8_gemm_nt`` takes (DeepSeek's ``act_quant`` then ``fp8_gemm``).
+Conventions converted to the contract:
+- ``x`` is quantized by the Triton tier's quantizer (byte-exact to ``hwrun.formats``), with its
+  scales written tokens first and 16-byte aligned (``token_major_scales``): the layout DeepGEMM's
+  SM90 kernel reads through TMA. Given row-major scales, DeepGEMM transposes them first, one
+  more launch per GEMM.
+- the weight's codes are viewed as ``float8_e4m3fn`` and its fp32 block scales passed as they
+  are (``[ceil(R/128), C/128]``, what the SM90 kernel takes for 128 x 128 weight blocks).
+  ``fp8_block128_ue8m0`` weights keep e8m0 bytes, which this kernel does not read: they, and
+  Blackwell (whose kernel takes packed ue8m0 scales), are refused.
+- numerics: e4m3 x e4m3 products on the tensor cores, each 128-wide K step's sum scaled by
+  ``x_scale * w_scale`` into an fp32 accumulator, one rounding to bf16: the contract up to fp32
+  summation order, as the Triton kernel.
+
+Row counts: DeepGEMM's smallest M tile is 64 rows, so a few-row call reads every weight byte
+through a tile mostly of padding, where the Triton kernel splits K across the SMs and stays
+under DeepGEMM (H200, docs/benchmarks.md: 0.78-0.85x DeepGEMM's time at one row). Calls of
+fewer than ``DEEPGEMM_MIN_ROWS`` rows, and weights whose row count DeepGEMM's bf16 output tiles
+do not cover evenly (``R % 64``), are computed by the Triton kernel: the same op, so a caller
+sees one impl whose speed follows the row count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hwrun.kernels.triton.activation_quant import quantize_activations
+from hwrun.ops.linear import check_linear_a8w8_args
+from hwrun.ops.quantized_weight import QuantizedWeight
+from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_reasons
+from hwrun_nvidia.device_checks import cuda_reasons, importable
+
+# Below this many rows the Triton kernel's split-K GEMV is faster (bench/linear_gpu.py).
+DEEPGEMM_MIN_ROWS = 16
+# DeepGEMM's output tiles are 64 or more rows of the weight wide.
+WEIGHT_ROW_MULTIPLE = 64
+
+
+def _validate(spec: OpSpec) -> list[str]:
+    reasons = []
+    if not importable("deep_gemm"):
+        reasons.append("DeepGEMM is not installed (pip install tokenspeed-deepgemm)")
+    reasons += cuda_reasons(spec, min_sm=90)
+    if spec.arch is not None and spec.arch.startswith("sm_") and not spec.arch.startswith("sm_90"):
+        reasons.append(
+            f"DeepGEMM's fp32-scale fp8 GEMM is its sm_90 kernel; the device is {spec.arch} "
+            "(Blackwell's takes packed ue8m0 scales)"
+        )
+    reasons += format_reasons(spec, ("fp8_block128",), "weight")
+    reasons += dtype_reasons(spec, ("bfloat16",), "input")
+    return reasons
+
+
+def uses_deepgemm(rows: int, weight: QuantizedWeight) -> bool:
+    """Whether a call of ``rows`` rows over ``weight`` goes to DeepGEMM (else to Triton)."""
+    return rows >= DEEPGEMM_MIN_ROWS and weight.shape[0] % WEIGHT_ROW_MULTIPLE == 0
+
+
+def linear_a8w8(
+    x: torch.Tensor,  # [T, C] bfloat16, C a multiple of 128
+    weight: QuantizedWeight,  # [R, C] fp8_block128
+) -> torch.Tensor:  # [T, R] bfloat16
+    """``hwrun.ops.linear.linear_a8w8``: the quantizer's launch, then DeepGEMM's GEMM (two
+    launches; shape checks only, nothing here reads a device value)."""
+    check_linear_a8w8_args(x, weight)
+    if not uses_deepgemm(x.shape[0], weight):
+        from hwrun.kernels.triton.linear import linear_a8w8 as triton_linear_a8w8
+
+        return triton_linear_a8w8(x, weight)
+    if x.dtype != torch.bfloat16 or weight.format != "fp8_block128":
+        raise ValueError(
+            f"dense.linear_a8w8 (deepgemm): takes bf16 x and fp8_block128 weights, got "
+            f"{x.dtype} and {weight.format} ({weight.name}); run it through the triton impl"
+        )
+    import deep_gemm
+
+    codes, scales = quantize_activations(x, ue8m0=False, token_major_scales=True)
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.bfloat16, device=x.device)
+    data = weight.data if weight.data.is_contiguous() else weight.data.contiguous()
+    deep_gemm.fp8_gemm_nt(
+        (codes.view(torch.float8_e4m3fn), scales),
+        (data.view(torch.float8_e4m3fn), weight.scales.contiguous()),
+        out,
+    )
+    return out
+
+
+def register(registry: OpRegistry) -> None:
+    if not importable("deep_gemm"):
+        return
+    registry.register(
+        OpImpl(
+            op="dense.linear_a8w8",
+            name="deepgemm",
+            platform=registry.platform,
+            fn=linear_a8w8,
+            # The quantizer and the GEMM only launch kernels (DeepGEMM compiles a shape's
+            # kernel at its first call, so the engine's warm-up step runs before capture);
+            # test_adapters_gpu.py checks a replay against eager.
+            graph_safe=True,
+            # DeepGEMM's tiles follow the row count, and so does the Triton kernel's split.
+            batch_invariant=False,
+            validate=_validate,
+            priority=20,
+            description=f"DeepGEMM fp8_gemm_nt (sm_90, fp8_block128) from {DEEPGEMM_MIN_ROWS} "
+            "rows; fewer rows through the Triton kernel",
+        )
+    )
