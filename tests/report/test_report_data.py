@@ -100,6 +100,7 @@ def _with_nvidia_adapters(monkeypatch):
     """Register the DeepGEMM and FlashMLA adapters as on a machine with their wheels (the
     libraries are imported only when an impl runs)."""
     monkeypatch.setattr("hwrun_nvidia.deepgemm.importable", lambda name: True)
+    monkeypatch.setattr("hwrun_nvidia.deepgemm_linear.importable", lambda name: True)
     monkeypatch.setattr("hwrun_nvidia.flashmla.importable", lambda name: True)
 
 

@@ -34,7 +34,12 @@ DeepSeek-V3/V3.2's inference code does before each of its FP8 GEMMs (``act_quant
 input. Then ``dense.linear``'s numerics over the decoded activations: exact decodes, fp32 products
 and sums, one rounding to ``x``'s dtype. A kernel that multiplies the e4m3 codes of both sides
 and scales each 128-wide K step's sum by ``x_scale * w_scale`` differs by fp32 summation order
-and by where the scales' products round. ``C`` must be a multiple of 128.
+and by where the scales' products round. It may also sum a K step on the fp8 tensor cores at
+their own precision before adding it to fp32 (Hopper keeps about 14 bits of the running sum:
+DeepSeek-V3 report, 3.3.2; DeepGEMM's ``fp8_gemm_nt`` promotes once per 128 columns, which is
+DeepSeek's production numerics): its error then follows the size of an output's terms,
+``sum |x_k * w_k|``, not the output, and conformance allows 2^-10 of the terms
+(``allclose_terms``). ``C`` must be a multiple of 128.
 """
 
 from __future__ import annotations

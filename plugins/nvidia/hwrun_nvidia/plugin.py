@@ -32,8 +32,9 @@ TRITON = TritonTier(triton_device_reasons, TUNED_FOR)
 # Impls that passed `hwrun conformance --platform nvidia` on an H200 (sm_90), every one of them
 # in the full run of commit 6735178 (2026-12-01, docs/benchmarks.md: conformant, 287 run, 284
 # passed, 3 quality warnings); the Triton and torch tiers first in the run of 98f5016
-# (docs/results/nvidia-h200), DeepGEMM and FlashMLA in that of 7f8d936. Blackwell has run
-# nothing yet.
+# (docs/results/nvidia-h200), DeepGEMM and FlashMLA in that of 7f8d936, DeepGEMM's
+# dense.linear_a8w8 in the full run of 585d933 (2026-12-04: conformant, 311 run, 304 passed, 3
+# quality warnings). Blackwell has run nothing yet.
 HARDWARE_VALIDATED = tuple(
     (op, impl, "sm_90")
     for impl, ops in (
@@ -56,7 +57,7 @@ HARDWARE_VALIDATED = tuple(
             ),
         ),
         ("torch", ("indexer.to_slots", "moe.route")),
-        ("deepgemm", ("indexer.logits_paged", "indexer.logits_ragged")),
+        ("deepgemm", ("dense.linear_a8w8", "indexer.logits_paged", "indexer.logits_ragged")),
         ("flashmla", ("sparse_mla.decode", "sparse_mla.prefill")),
     )
     for op in ops
