@@ -123,7 +123,7 @@ LINEAR = {
     "w_ptr": "*u8",
     "s_ptr": "*fp32",
     "out_ptr": "*fp32",
-    **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_xsm", "stride_wn"), "i32"),
+    **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_xsm", "stride_xsk", "stride_wn"), "i32"),
     **dict.fromkeys(("stride_sn", "stride_om", "stride_os", "k_per_split"), "i32"),
 }
 LINEAR_F16 = {

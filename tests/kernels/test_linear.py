@@ -248,6 +248,36 @@ def test_a8w8_matches_reference(fmt, tiles):
     _close(linear_a8w8(x, weight, tiles), reference_a8w8(x, weight))
 
 
+@pytest.mark.parametrize("token_major", [False, True], ids=["row_major", "token_major"])
+@pytest.mark.parametrize(
+    "tiles",
+    [None, LinearTiles(16, 32, 128, split_k=2, swap_ab=True, num_stages=1)],
+    ids=["default", "swap_split2"],
+)
+def test_a8w8_reads_given_codes_and_scales_in_any_layout(token_major, tiles):
+    """``quantized``: the codes and scales the norm kernel wrote (rows first, or tokens first
+    as DeepGEMM reads them) give the same bits as the kernel's own quantizer; the kernel reads
+    them, not x (codes of another x change the result)."""
+    x, weight = _problem(35, "fp8_block128", 20, 150, 384)
+    codes, scales = quantize_activations(x, False, token_major_scales=token_major)
+    assert scales.is_contiguous() != token_major
+    own = linear_a8w8(x, weight, tiles)
+    assert torch.equal(linear_a8w8(x, weight, tiles, quantized=(codes, scales)), own)
+    other = quantize_activations(x.flip(0), False, token_major_scales=token_major)
+    assert not torch.equal(linear_a8w8(x, weight, tiles, quantized=other), own)
+
+
+def test_a8w8_refuses_quantized_rows_of_another_shape():
+    x, weight = _problem(36, "fp8_block128", 4, 64, 256)
+    codes, scales = quantize_activations(x, False)
+    with pytest.raises(ValueError, match=r"quantized scales must be torch.float32 \[4, 2\]"):
+        linear_a8w8(x, weight, quantized=(codes, scales[:, :1]))
+    with pytest.raises(ValueError, match=r"quantized codes must be torch\.uint8"):
+        linear_a8w8(x, weight, quantized=(codes.float(), scales))
+    with pytest.raises(ValueError, match=r"quantized must be \(codes, scales\)"):
+        linear_a8w8(x, weight, quantized=(codes,))
+
+
 def test_a8w8_negative_control_and_refusals():
     x, weight = _problem(32, "fp8_block128", 4, 64, 256)
     # The bf16 product is another op: this kernel must not be matching it by accident.

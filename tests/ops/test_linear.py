@@ -128,3 +128,21 @@ def test_a8w8_rows_are_independent_and_refusals_name_the_op():
     assert contract.reference is linear_a8w8
     assert contract.reference_validate(contract.default_spec) == []
     assert contract.reference_validate(OpSpec("dense.linear_a8w8", formats=("bf16",)))
+
+
+def test_a8w8_quantized_rows_are_checked_for_shape_and_define_nothing():
+    """``quantized`` is the caller's promise of x's codes and scales: the reference checks its
+    shapes, dtypes and device, and computes from x (another x's codes change nothing)."""
+    from hwrun.formats.fp8 import quantize_fp8_groups
+
+    g = torch.Generator().manual_seed(13)
+    weight = quantize_weight(torch.randn(96, 256, generator=g), "fp8_block128", "w")
+    x = torch.randn(5, 256, generator=g).to(torch.bfloat16)
+    codes, scales = quantize_fp8_groups(x.float(), 128)
+    want = linear_a8w8(x, weight)
+    assert torch.equal(linear_a8w8(x, weight, (codes, scales)), want)
+    assert torch.equal(linear_a8w8(x, weight, quantize_fp8_groups(-x.float(), 128)), want)
+    with pytest.raises(ValueError, match=r"quantized codes must be torch.uint8 \[5, 256\]"):
+        linear_a8w8(x, weight, (codes[:4], scales))
+    with pytest.raises(ValueError, match="quantized scales must be a tensor, got NoneType"):
+        linear_a8w8(x, weight, (codes, None))

@@ -61,7 +61,8 @@ def _terms(kwargs) -> dict:
     return {"terms": xq.abs() @ weight.dequantize().cpu().abs().t()}
 
 
-def _sample(g, fmt, tokens, rows, cols, dtype, extreme, uneven) -> Sample:
+def _sample(g, fmt, tokens, rows, cols, dtype, extreme, uneven, given_codes=False) -> Sample:
+    from hwrun.formats.fp8 import quantize_fp8_groups
     from hwrun.ops.quantized_weight import quantize_weight
 
     weight = quantize_weight(torch.randn(rows, cols, generator=g) * 0.05, fmt, "w")
@@ -71,7 +72,14 @@ def _sample(g, fmt, tokens, rows, cols, dtype, extreme, uneven) -> Sample:
     if uneven:
         x = _uneven_groups(x)
     x = x.to(dtype)
-    return Sample(kwargs={"x": x, "weight": weight}, outputs=("out",), rows=_ROWS)
+    kwargs = {"x": x, "weight": weight}
+    if given_codes:
+        # x's codes and scales as the engine's norm kernel hands them over: the scales tokens
+        # first (DeepGEMM's layout; dense, so the copy to the device keeps the strides)
+        codes, scales = quantize_fp8_groups(x.float(), 128, ue8m0=fmt.endswith("ue8m0"))
+        kwargs["quantized"] = (codes, scales.t().contiguous().t())
+        return Sample(kwargs=kwargs, outputs=("out",))
+    return Sample(kwargs=kwargs, outputs=("out",), rows=_ROWS)
 
 
 def _case(
@@ -87,13 +95,14 @@ def _case(
     about="",
     op="dense.linear",
     uneven=False,
+    given_codes=False,
 ) -> list[Case]:
     dtype_name = str(dtype).removeprefix("torch.")
     case = Case(
         op=op,
         name=name or fmt,
         spec=OpSpec(op=op, dtype=dtype_name, formats=(fmt,)),
-        build=lambda g: _sample(g, fmt, tokens, rows, cols, dtype, extreme, uneven),
+        build=lambda g: _sample(g, fmt, tokens, rows, cols, dtype, extreme, uneven, given_codes),
         checks={
             "out": Check("allclose_terms", context=_terms)
             if op == "dense.linear_a8w8"
@@ -103,7 +112,9 @@ def _case(
         quick=quick,
         about=about,
     )
-    return variants(case, batch=tokens > 1, quick_siblings=fmt == "fp8_block128")
+    # (the batch tier splits x's rows only: a case that hands over x's codes stays whole)
+    batch = tokens > 1 and not given_codes
+    return variants(case, batch=batch, quick_siblings=fmt == "fp8_block128")
 
 
 def cases(op: str) -> list[Case]:
@@ -171,6 +182,29 @@ def _a8w8_cases() -> list[Case]:
             op=op,
             extreme=True,
             about="the scale extremes at 21 rows",
+        ),
+        *_case(
+            "fp8_block128",
+            532,
+            24,
+            256,
+            384,
+            name="given_codes_24_rows",
+            op=op,
+            uneven=True,
+            given_codes=True,
+            about="x's codes and scales handed over (quantized=, scales tokens first)",
+        ),
+        *_case(
+            "fp8_block128_ue8m0",
+            533,
+            4,
+            256,
+            256,
+            name="ue8m0_given_codes",
+            op=op,
+            given_codes=True,
+            about="the same with power-of-two scales, 4 rows",
         ),
         *_case(
             "fp8_block128",

@@ -40,6 +40,12 @@ DeepSeek-V3 report, 3.3.2; DeepGEMM's ``fp8_gemm_nt`` promotes once per 128 colu
 DeepSeek's production numerics): its error then follows the size of an output's terms,
 ``sum |x_k * w_k|``, not the output, and conformance allows 2^-10 of the terms
 (``allclose_terms``). ``C`` must be a multiple of 128.
+
+``quantized`` (optional): ``x``'s codes ``[T, C]`` uint8 and scales ``[T, C / 128]`` fp32 (any
+strides) exactly as ``quantize_fp8_groups(x, 128, ue8m0)`` gives them, made beforehand (the
+engine's norm kernel writes them beside its output): an impl may read them instead of
+quantizing ``x`` again. They are the caller's promise; the result is still defined by ``x``
+(the reference quantizes ``x`` and reads only their shapes).
 """
 
 from __future__ import annotations
@@ -77,14 +83,17 @@ def linear(
 def linear_a8w8(
     x: torch.Tensor,  # [T, C] bfloat16 (any float dtype; the output has the same), C % 128 == 0
     weight: QuantizedWeight,  # [R, C] in one of A8W8_WEIGHT_FORMATS
+    quantized: tuple[torch.Tensor, torch.Tensor] | None = None,  # x's codes and scales
 ) -> torch.Tensor:  # [T, R] x.dtype
     """``decode(quantize(x)) @ decode(weight)^T`` in fp32, rounded once to ``x.dtype``: ``x``
     quantized per token and 128 columns (see the module doc; ue8m0 scales with a ue8m0 weight).
+    ``quantized``: see the module doc (checked for shape, dtype and device only).
 
     :raises ValueError: every reason at once: ``dense.linear``'s, a format outside
-        A8W8_WEIGHT_FORMATS, C not a multiple of 128.
+        A8W8_WEIGHT_FORMATS, C not a multiple of 128, ``quantized`` not codes and scales of
+        ``x``'s shape on its device.
     """
-    check_linear_a8w8_args(x, weight)
+    check_linear_a8w8_args(x, weight, quantized)
     return _rows_times(quantize_activations(x, weight.format), weight).to(x.dtype)
 
 
@@ -105,10 +114,39 @@ def _rows_times(xf: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:  # [
     return out
 
 
-def check_linear_a8w8_args(x: torch.Tensor, weight: QuantizedWeight) -> None:
+def check_linear_a8w8_args(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> None:
     """:func:`check_linear_args` for ``dense.linear_a8w8``: block-FP8 weights, whole groups of
-    128 columns."""
+    128 columns; ``quantized``, when given, codes and scales of ``x``'s shape on its device."""
     check_linear_args(x, weight, "dense.linear_a8w8", A8W8_WEIGHT_FORMATS, whole_groups=True)
+    if quantized is None:
+        return
+    t, c = x.shape
+    problems = []
+    if not isinstance(quantized, tuple | list) or len(quantized) != 2:
+        problems.append(
+            f"quantized must be (codes, scales), got {type(quantized).__name__}"
+            + (f" of {len(quantized)}" if isinstance(quantized, tuple | list) else "")
+        )
+    else:
+        for name, tensor, dtype, shape in (
+            ("codes", quantized[0], torch.uint8, (t, c)),
+            ("scales", quantized[1], torch.float32, (t, c // BLOCK)),
+        ):
+            if not isinstance(tensor, torch.Tensor):
+                problems.append(f"quantized {name} must be a tensor, got {type(tensor).__name__}")
+            elif tensor.dtype != dtype or tuple(tensor.shape) != shape:
+                problems.append(
+                    f"quantized {name} must be {dtype} {list(shape)} (x is {list(x.shape)}), "
+                    f"got {tensor.dtype} {list(tensor.shape)}"
+                )
+            elif tensor.device != x.device:
+                problems.append(f"quantized {name} is on {tensor.device} but x on {x.device}")
+    if problems:
+        raise ValueError("dense.linear_a8w8: " + "; ".join(problems))
 
 
 def check_linear_args(

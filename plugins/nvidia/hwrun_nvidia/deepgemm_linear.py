@@ -62,14 +62,16 @@ def uses_deepgemm(rows: int, weight: QuantizedWeight) -> bool:
 def linear_a8w8(
     x: torch.Tensor,  # [T, C] bfloat16, C a multiple of 128
     weight: QuantizedWeight,  # [R, C] fp8_block128
+    quantized: tuple[torch.Tensor, torch.Tensor] | None = None,  # x's codes and scales
 ) -> torch.Tensor:  # [T, R] bfloat16
-    """``hwrun.ops.linear.linear_a8w8``: the quantizer's launch, then DeepGEMM's GEMM (two
-    launches; shape checks only, nothing here reads a device value)."""
-    check_linear_a8w8_args(x, weight)
+    """``hwrun.ops.linear.linear_a8w8``: the quantizer's launch (none when ``quantized`` is
+    given: DeepGEMM reads its scales in place when they are in its layout, and transposes them
+    otherwise), then DeepGEMM's GEMM (shape checks only, nothing here reads a device value)."""
+    check_linear_a8w8_args(x, weight, quantized)
     if not uses_deepgemm(x.shape[0], weight):
         from hwrun.kernels.triton.linear import linear_a8w8 as triton_linear_a8w8
 
-        return triton_linear_a8w8(x, weight)
+        return triton_linear_a8w8(x, weight, quantized=quantized)
     if x.dtype != torch.bfloat16 or weight.format != "fp8_block128":
         raise ValueError(
             f"dense.linear_a8w8 (deepgemm): takes bf16 x and fp8_block128 weights, got "
@@ -77,7 +79,9 @@ def linear_a8w8(
         )
     import deep_gemm
 
-    codes, scales = quantize_activations(x, ue8m0=False, token_major_scales=True)
+    if quantized is None:
+        quantized = quantize_activations(x, ue8m0=False, token_major_scales=True)
+    codes, scales = quantized
     out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.bfloat16, device=x.device)
     data = weight.data if weight.data.is_contiguous() else weight.data.contiguous()
     deep_gemm.fp8_gemm_nt(

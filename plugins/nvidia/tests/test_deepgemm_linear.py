@@ -72,6 +72,21 @@ def test_rows_from_the_crossover_go_to_deepgemm_in_its_layout(fake, tokens):
     torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3 * scale)
 
 
+def test_given_codes_and_scales_go_to_deepgemm_without_a_quantizer_launch(fake, monkeypatch):
+    from hwrun.kernels.triton.activation_quant import quantize_activations
+
+    x, weight = _inputs(24, 192, 384)
+    quantized = quantize_activations(x, False, token_major_scales=True)
+    want = deepgemm_linear.linear_a8w8(x, weight)
+
+    def no_quantizer(*args, **kwargs):
+        raise AssertionError("the adapter quantized x although its codes were given")
+
+    monkeypatch.setattr(deepgemm_linear, "quantize_activations", no_quantizer)
+    assert torch.equal(deepgemm_linear.linear_a8w8(x, weight, quantized), want)
+    assert fake == [(24, 192, 384)] * 2
+
+
 @pytest.mark.parametrize("tokens,rows", [(1, 192), (15, 192), (64, 160)])
 def test_few_rows_and_uneven_weights_take_the_triton_kernel(fake, tokens, rows):
     x, weight = _inputs(tokens, rows, 256)

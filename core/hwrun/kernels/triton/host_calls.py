@@ -141,10 +141,11 @@ def linear(
 def linear_a8w8(
     x: torch.Tensor,  # [T, C] bfloat16
     weight: QuantizedWeight,  # [R, C]
+    quantized: tuple[torch.Tensor, torch.Tensor] | None = None,  # x's codes and scales
 ) -> torch.Tensor:  # [T, R] bfloat16
     from hwrun.kernels.triton.linear import linear_a8w8
 
-    return linear_a8w8(x, weight)
+    return linear_a8w8(x, weight, quantized=quantized)
 
 
 def lse_combine(

@@ -214,7 +214,8 @@ def default_tiles(m: int, n: int, k: int, num_sms: int | None) -> LinearTiles:
 @triton.jit
 def _linear_kernel(
     x_ptr,  # [M, K] bf16, uint8 e4m3 codes (A_FP8) or scaled f16 (SCALED_A); row stride stride_xm
-    xs_ptr,  # [M, K/128] fp32 scales of x's row groups (SCALED_A only), row stride stride_xsm
+    xs_ptr,  # [M, K/128] fp32 scales of x's row groups (SCALED_A only), strides stride_xsm,
+    # stride_xsk (tokens first where DeepGEMM's layout came from the norm: dense.linear_a8w8)
     w_ptr,  # [N, K] bf16, or uint8 e4m3 codes
     s_ptr,  # [ceil(N/128), ceil(K/128)] fp32 or e8m0 scales (fp8 only)
     out_ptr,  # [M, N] out dtype (SPLIT_K == 1), or [SPLIT_K, M, N] fp32 partials
@@ -223,6 +224,7 @@ def _linear_kernel(
     K,
     stride_xm,
     stride_xsm,
+    stride_xsk,
     stride_wn,
     stride_sn,
     stride_om,
@@ -289,22 +291,22 @@ def _linear_kernel(
             block_shape=[BLOCK_N, BLOCK_K],
         )
         a_scale, scale = _step_scales(
-            xs_ptr, s_ptr, m, m_mask, n, n_mask, pid_n, k_begin, k_end, stride_xsm, stride_sn,
-            FORMAT, SCALED_A, BLOCK_N,
+            xs_ptr, s_ptr, m, m_mask, n, n_mask, pid_n, k_begin, k_end, stride_xsm, stride_xsk,
+            stride_sn, FORMAT, SCALED_A, BLOCK_N,
         )  # fmt: skip
         for k0 in range(k_begin, k_end, BLOCK_K):
             a = x_desc.load([pid_m * BLOCK_M, k0]).to(MMA)
             w = w_desc.load([pid_n * BLOCK_N, k0]).to(MMA)
             a_next, scale_next = _step_scales(
                 xs_ptr, s_ptr, m, m_mask, n, n_mask, pid_n, k0 + BLOCK_K, k_end, stride_xsm,
-                stride_sn, FORMAT, SCALED_A, BLOCK_N,
+                stride_xsk, stride_sn, FORMAT, SCALED_A, BLOCK_N,
             )  # fmt: skip
             acc += tl.dot(a, tl.trans(w)) * (a_scale[:, None] * scale[None, :])
             a_scale, scale = a_next, scale_next
     else:
         a_scale, scale = _step_scales(
-            xs_ptr, s_ptr, m, m_mask, n, n_mask, pid_n, k_begin, k_end, stride_xsm, stride_sn,
-            FORMAT, SCALED_A, BLOCK_N,
+            xs_ptr, s_ptr, m, m_mask, n, n_mask, pid_n, k_begin, k_end, stride_xsm, stride_xsk,
+            stride_sn, FORMAT, SCALED_A, BLOCK_N,
         )  # fmt: skip
         for k0 in range(k_begin, k_end, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
@@ -319,12 +321,14 @@ def _linear_kernel(
             )
             a_next, scale_next = _step_scales(
                 xs_ptr, s_ptr, m, m_mask, n, n_mask, pid_n, k0 + BLOCK_K, k_end, stride_xsm,
-                stride_sn, FORMAT, SCALED_A, BLOCK_N,
+                stride_xsk, stride_sn, FORMAT, SCALED_A, BLOCK_N,
             )  # fmt: skip
             if SCALED_A:
                 # e4m3 times e4m3 (or f16 times f16), fp32 sums; both sides' scales of this K step
                 # (inside one 128-column group) multiply the step's partial product.
-                a_scale = tl.load(xs_ptr + m.to(tl.int64) * stride_xsm + k0 // 128, mask=m_mask)
+                a_scale = tl.load(
+                    xs_ptr + m.to(tl.int64) * stride_xsm + (k0 // 128) * stride_xsk, mask=m_mask
+                )
                 if SWAP_AB:
                     acc += tl.dot(w, tl.trans(a)) * (scale[:, None] * a_scale[None, :])
                 else:
@@ -361,6 +365,7 @@ def _step_scales(
     k0,
     k_end,
     stride_xsm,
+    stride_xsk,
     stride_sn,
     FORMAT: tl.constexpr,
     SCALED_A: tl.constexpr,
@@ -380,7 +385,9 @@ def _step_scales(
     if SCALED_A:
         live_rows = m_mask & ((m * 0 + k0) < k_end)
         a_scale = tl.load(
-            xs_ptr + m.to(tl.int64) * stride_xsm + k0 // 128, mask=live_rows, other=0.0
+            xs_ptr + m.to(tl.int64) * stride_xsm + (k0 // 128) * stride_xsk,
+            mask=live_rows,
+            other=0.0,
         )
     if FORMAT == 0:
         scale = tl.full(n.shape, 1.0, tl.float32)
@@ -469,11 +476,13 @@ def linear_a8w8(
     x: torch.Tensor,  # [T, C] bfloat16, C a multiple of 128
     weight: QuantizedWeight,  # [R, C] fp8_block128 / fp8_block128_ue8m0
     tiles: LinearTiles | None = None,
+    quantized: tuple[torch.Tensor, torch.Tensor] | None = None,  # x's codes and scales
 ) -> torch.Tensor:  # [T, R] bfloat16
     """The contract of ``hwrun.ops.linear.linear_a8w8``: ``x`` quantized by
-    activation_quant.py's kernel, then the GEMM over e4m3 codes on both sides (two launches,
-    three with a split K; shape checks only)."""
-    check_linear_a8w8_args(x, weight)
+    activation_quant.py's kernel (or its codes and scales given as ``quantized``, read in any
+    strides), then the GEMM over e4m3 codes on both sides (two launches, one with
+    ``quantized``, one more with a split K; shape checks only)."""
+    check_linear_a8w8_args(x, weight, quantized)
     if tiles is None:
         # one activation scale per K step (the GPU defaults already step 128 columns)
         tiles = replace(_tiles_for(x, weight, None), block_k=FP8_BLOCK)
@@ -484,7 +493,9 @@ def linear_a8w8(
         ):
             tiles = replace(tiles, tma=True, num_stages=4)
     _check(x, weight, tiles, a8w8=True)
-    codes, scales = quantize_activations(x, ue8m0=weight.format == "fp8_block128_ue8m0")
+    if quantized is None:
+        quantized = quantize_activations(x, ue8m0=weight.format == "fp8_block128_ue8m0")
+    codes, scales = quantized
     return _launch(codes, scales, weight, tiles, x.dtype)
 
 
@@ -529,7 +540,8 @@ def _launch(
     pdl = pdl_options(x.device)
     _linear_kernel[grid](
         x, x_scales if scaled_a else x, data, scales, partials, m, n, k,
-        x.stride(0), x_scales.stride(0) if scaled_a else 0, data.stride(0),
+        x.stride(0), x_scales.stride(0) if scaled_a else 0, x_scales.stride(1) if scaled_a else 0,
+        data.stride(0),
         scales.stride(0) if weight.scales is not None else 0,
         n if split > 1 else out.stride(0), m * n if split > 1 else 0,
         steps_per_split * tiles.block_k,
