@@ -30,6 +30,7 @@ INTERPRETER_MODULES = {
     "test_to_slots.py",
     "test_window_fill.py",
     "test_fp32_out_gemm.py",
+    "test_norm_quant.py",
 }
 
 

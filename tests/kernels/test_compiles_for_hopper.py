@@ -297,6 +297,18 @@ VARIANTS = {
 }
 # Programmatic dependent launch (pdl.py): the grid-dependency wait and signal, and the weight
 # kernels' L2 prefetch before the wait (inline PTX the interpreter never sees).
+# The engine's RMSNorm with its output quantized (norm_quant.py): the hidden width after the
+# residual add (32 groups, 8 warps), q-LoRA's alone (12 groups in a 16-group tile)
+NORM = {
+    **dict.fromkeys(("h_ptr", "delta_ptr", "h_out_ptr", "w_ptr", "y_ptr"), "*bf16"),
+    "codes_ptr": "*u8",
+    "scales_ptr": "*fp32",
+    **dict.fromkeys(("C", "stride_h", "stride_d", "stride_s_row", "stride_s_group"), "i32"),
+    "eps": "fp32",
+}
+VARIANTS["norm_hidden_add"] = (NORM, {"HAS_DELTA": True, "UE8M0": False, "GROUPS": 32})
+VARIANTS["norm_qlora"] = (NORM, {"HAS_DELTA": False, "UE8M0": True, "GROUPS": 16})
+
 PDL_VARIANTS = {
     "linear_a8w8_tma_pdl": ("linear_a8w8_tma", {"PDL": True, "PREFETCH_LINES": 4}),
     "fp32out_split_pdl": ("fp32out_split", {"PDL": True, "PREFETCH_LINES": 8}),
@@ -304,6 +316,7 @@ PDL_VARIANTS = {
     "gateup_f16_wide_host_pdl": ("gateup_f16_wide_host", {"PDL": True}),
     "gateup_a8w8_host_pdl": ("gateup_a8w8_host", {"PDL": True}),
     "select_early_pdl": ("select_early", {"PDL": True}),
+    "norm_hidden_add_pdl": ("norm_hidden_add", {"PDL": True}),
 }
 for _name, (_base, _extra) in PDL_VARIANTS.items():
     VARIANTS[_name] = (VARIANTS[_base][0], {**VARIANTS[_base][1], **_extra})
@@ -319,6 +332,7 @@ NUM_WARPS = {
     "mla_whole_rows": 8,
     "mla_bf16_position": 8,
     "mla_whole_rows_bf16_position": 8,
+    "norm_hidden_add": 8,
 }
 
 
@@ -337,6 +351,7 @@ def _compile(variant: str) -> int:
     from hwrun.kernels.triton.indexer_logits_ragged import _ragged_logits_kernel
     from hwrun.kernels.triton.linear import _linear_kernel
     from hwrun.kernels.triton.moe_kernels import _down_kernel, _gate_up_kernel
+    from hwrun.kernels.triton.norm_quant import _norm_quantize_kernel
     from hwrun.kernels.triton.sparse_mla import _sparse_mla_decode_kernel
     from hwrun.kernels.triton.topk_select import select_candidates
     from hwrun.kernels.triton.topk_threshold import _compact_live, _threshold
@@ -355,6 +370,7 @@ def _compile(variant: str) -> int:
         "down": _down_kernel,
         "linear": _linear_kernel,
         "fp32out": _fp32_out_mm_kernel,
+        "norm": _norm_quantize_kernel,
     }
     index_key_tiles.UNPACK_PTX = triton.language.constexpr(True)  # as on a CUDA machine
     signature, constexprs = VARIANTS[variant]
