@@ -42,6 +42,11 @@ KNOBS: dict[str, str] = {
     "before it in the stream finishes, and waits for it before touching the step's data (CUDA "
     "graphs keep the overlap). 0 (also false, no, off): plain launches. Any other value is "
     "refused.",
+    "HWRUN_NORM_QUANTIZE": "1 (also true, yes, on): with fp8 linear activations on CUDA, the "
+    "RMSNorms whose output feeds dense.linear_a8w8 (each layer's input norm and q-LoRA's) "
+    "write the e4m3 codes and scales of their output in the same launch (one Triton kernel "
+    "instead of the compiled norm and the linear's quantizer). 0 or unset (default): off, "
+    "until an H200 run has timed it. Any other value is refused. Not in batch-invariant mode.",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
     "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "
     "(slow: for CI and debugging; vendor-library adapters still need their device). Triton reads "
@@ -122,6 +127,10 @@ def decode_side_stream() -> bool:
 
 def triton_pdl() -> bool:
     return _strict_flag("HWRUN_TRITON_PDL", True)
+
+
+def norm_quantize() -> bool:
+    return _strict_flag("HWRUN_NORM_QUANTIZE", False)
 
 
 def triton_interpret() -> bool:

@@ -283,27 +283,40 @@ def gpu_a8w8_model(tmp_path_factory):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a8w8_linears_on_the_gpu(plugins, gpu_a8w8_model):  # noqa: F811
+@pytest.mark.parametrize("norm_quantize", [False, True], ids=["quantizer", "norm_quantize"])
+def test_a8w8_linears_on_the_gpu(plugins, gpu_a8w8_model, norm_quantize, monkeypatch):  # noqa: F811
     """Every dense.linear_a8w8 call of a teacher-forced GPU run (prefill and decode rows, the
     engine's own strides and joined projections) against the reference op on the same input.
+    With HWRUN_NORM_QUANTIZE the norms ahead of the joined projections and the dense MLP hand
+    their output's codes and scales over: each must be byte-exact to x's quantization.
 
     Not compared: the logits against the GPU reference run. With e4m3 activations a difference
     of one bf16 unit upstream (any op's summation order) flips an activation's code, one part in
     16, and the tiny random model amplifies it: on the H200 the median row error was 0.28 with
     any single op, this one included, put back on the reference (0.056 with bf16 activations).
     """
+    from hwrun.formats.fp8 import quantize_fp8_groups
+
+    monkeypatch.setenv("HWRUN_NORM_QUANTIZE", "1" if norm_quantize else "0")
     prompt = _prompt(gpu_a8w8_model.config.vocab_size)
     flags = dict(model=str(gpu_a8w8_model.path), num_kv_tokens=16 * 64, max_model_len=1024)
     flags |= dict(kv_cache_dtype="fp8_ds_mla", index_dtype="fp8", linear_activation_dtype="fp8")
     gpu = _runner(plugins, platform="nvidia", cuda_graphs=False, **flags)
+    assert gpu.model.norm_quantize == norm_quantize
     choice = next(c for c in gpu.op_table if c.op == "dense.linear_a8w8")
     print(f"dense.linear_a8w8 served by {choice.platform}:{choice.impl}")
     assert choice.platform == "nvidia" and not choice.fallback
     served = gpu.model.ops["dense.linear_a8w8"]
     errors = []
 
-    def checked(x, weight):
-        got, want = served(x, weight), reference_a8w8(x, weight)
+    handed = []
+
+    def checked(x, weight, quantized=None):
+        if quantized is not None:
+            handed.append(weight.name)
+            codes, scales = quantize_fp8_groups(x.float(), 128)
+            assert torch.equal(quantized[0], codes) and torch.equal(quantized[1], scales)
+        got, want = served(x, weight, quantized), reference_a8w8(x, weight)
         scale = want.float().abs().amax().clamp_min(1e-30)
         errors.append(((got.float() - want.float()).abs().amax() / scale).item())
         return got
@@ -315,6 +328,49 @@ def test_a8w8_linears_on_the_gpu(plugins, gpu_a8w8_model):  # noqa: F811
     assert len(errors) >= 12 * (1 + PROMPT - DECODE_FROM)
     print(f"a8w8 calls: {len(errors)}, worst relative error {max(errors):.2e}")
     assert max(errors) < 2**-6  # a bf16 unit or two of the largest output
+    # per step: 2 joined projections a layer and the dense MLP's gate and up; never o_proj or
+    # down_proj, whose inputs no norm made
+    if norm_quantize:
+        assert len(handed) >= (2 * 3 + 2) * (1 + PROMPT - DECODE_FROM)
+        assert not [name for name in handed if "o_proj" in name or "down_proj" in name]
+    else:
+        assert not handed
+
+
+def test_codes_made_by_a_norm_reach_only_the_a8w8_op(a8w8_model):
+    """``quantized`` (the codes and scales a norm wrote for x) is handed to dense.linear_a8w8,
+    through a joined projection too, and never to dense.linear or a plain product."""
+    from hwrun.engine.linears import LINEAR_A8W8_OP, FusedLinear
+    from hwrun.formats.fp8 import quantize_fp8_groups
+
+    config = load_model_config(a8w8_model.path)
+    weights = load_weights(a8w8_model.path, config, "cpu", torch.bfloat16)
+    seen = []
+
+    def op(x, weight, quantized=None):
+        seen.append(quantized)
+        return reference_a8w8(x, weight, quantized)
+
+    impl = OpImpl(op=LINEAR_A8W8_OP, name="fake", platform="fake", fn=op)
+    table = OpTable({LINEAR_A8W8_OP: Selection(impl, fallback=False)})
+    bound = bind_linears(weights, table, torch.bfloat16, LINEAR_A8W8_OP)
+    q_a = bound.layers[0].attention.q_a_proj
+    x = torch.randn(4, 128).to(torch.bfloat16)
+    xq = quantize_fp8_groups(x.float(), 128)
+    rows = q_a.weight.shape[0]
+    joined = FusedLinear(q_a, (rows // 2, rows - rows // 2))
+    assert torch.equal(torch.cat(joined(x, False, xq), -1), q_a(x))
+    assert seen == [xq, None]
+    plain = Linear(torch.randn(8, 128).to(torch.bfloat16))
+    assert torch.equal(plain(x, False, xq), plain(x))
+    seen_bf16 = []
+
+    def bf16_op(x, weight):  # dense.linear takes no codes: a call with them would fail here
+        seen_bf16.append(weight.name)
+        return reference_linear(x, weight)
+
+    q_a_bf16 = bind_linears(weights, _table(bf16_op), torch.bfloat16).layers[0].attention.q_a_proj
+    assert torch.equal(q_a_bf16(x, False, xq), q_a_bf16(x)) and len(seen_bf16) == 2
 
 
 def test_a_shared_expert_of_the_routed_shape_loads_as_their_group_e(fp8_model):

@@ -87,9 +87,17 @@ class Linear:
     # (bind_linears): x is first quantized as dense.linear_a8w8 defines.
     activations_of: str | None = None
 
-    def __call__(self, x: torch.Tensor, row_by_row: bool = False) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        row_by_row: bool = False,
+        quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """``quantized``: ``x``'s e4m3 codes and scales when the norm that made ``x`` wrote
+        them (``dense.linear_a8w8`` then reads them instead of quantizing ``x``); ignored by
+        every other kind of linear."""
         if isinstance(self.weight, QuantizedWeight):
-            return self._quantized(x)
+            return self._quantized(x, quantized)
         if self.activations_of is not None:
             flat = x.reshape(-1, x.shape[-1])
             x = quantize_activations(flat, self.activations_of).to(x.dtype).view(x.shape)
@@ -103,7 +111,9 @@ class Linear:
             flat_out[row : row + 1] = F.linear(flat_in[row : row + 1], self.weight)
         return out
 
-    def _quantized(self, x: torch.Tensor) -> torch.Tensor:
+    def _quantized(
+        self, x: torch.Tensor, quantized: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
         """All rows in one call, in batch-invariant mode too: the engine then resolves
         ``dense.linear`` to a batch-invariant impl (``resolve_ops``)."""
         if self.ops is None:
@@ -111,7 +121,11 @@ class Linear:
                 f"{self.weight.name}: a {self.weight.format} linear runs through the engine's "
                 f"{self.op} op; give it the resolved ops first (bind_linears)"
             )
-        out = self.ops[self.op](x.reshape(-1, x.shape[-1]), self.weight)
+        rows = x.reshape(-1, x.shape[-1])
+        if quantized is not None and self.op == LINEAR_A8W8_OP:
+            out = self.ops[self.op](rows, self.weight, quantized=quantized)
+            return out.view(*x.shape[:-1], self.weight.shape[0])
+        out = self.ops[self.op](rows, self.weight)
         return out.view(*x.shape[:-1], self.weight.shape[0])
 
 
@@ -124,8 +138,13 @@ class FusedLinear:
     linear: Linear
     widths: tuple[int, ...]
 
-    def __call__(self, x: torch.Tensor, row_by_row: bool = False) -> tuple[torch.Tensor, ...]:
-        return self.linear(x, row_by_row).split(self.widths, dim=-1)
+    def __call__(
+        self,
+        x: torch.Tensor,
+        row_by_row: bool = False,
+        quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        return self.linear(x, row_by_row, quantized).split(self.widths, dim=-1)
 
 
 def _map_linears(obj: Any, fn: Callable[[Linear], Linear]) -> Any:

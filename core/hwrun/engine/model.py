@@ -130,19 +130,33 @@ class DeepseekV32:
         self.side_stream = None
         if cache.is_cuda and not batch_invariant and knobs.decode_side_stream():
             self.side_stream = torch.cuda.Stream(cache.device)
+        # HWRUN_NORM_QUANTIZE: the norms that feed dense.linear_a8w8 write their output's e4m3
+        # codes and scales too (kernels/triton/norm_quant.py; tokens first, DeepGEMM's layout,
+        # which the Triton linear reads as well), so the linears launch no quantizer.
+        self.norm_quantize = (
+            formats.linear_a8w8
+            and len(formats.linear_formats) == 1
+            and cache.is_cuda
+            and self.dtype == torch.bfloat16
+            and not batch_invariant
+            and knobs.norm_quantize()
+        )
+        self.norm_ue8m0 = formats.linear_formats == ("fp8_block128_ue8m0",)
 
     @torch.inference_mode()
     def forward(self, meta: StepMetadata) -> torch.Tensor:  # [R, V] float32
         h = self.weights.embed[meta.input_ids]
         cos, sin = self.rotary.cos_sin(meta.positions, self.dtype)
         layers, eps = self.weights.layers, self.config.rms_norm_eps
-        x = self._rms_norm(h, layers[0].input_norm, eps)
+        # xq: x's e4m3 codes and scales where the norm wrote them (norm_quantize), else None
+        x, xq = self._norm_for_linears(h, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
-            attention = self.all_reduce(self._attention(index, layer.attention, x, cos, sin, meta))
-            h, x = self._add_rms_norm(h, attention, layer.post_attention_norm, eps)
-            mlp = self.all_reduce(self._mlp(layer.mlp, x))
+            attention = self._attention(index, layer.attention, x, cos, sin, meta, xq)
+            attention = self.all_reduce(attention)
+            h, x, xq = self._add_norm_for_linears(h, attention, layer.post_attention_norm, eps)
+            mlp = self.all_reduce(self._mlp(layer.mlp, x, xq))
             if index + 1 < len(layers):  # the residual add fused with the next layer's norm
-                h, x = self._add_rms_norm(h, mlp, layers[index + 1].input_norm, eps)
+                h, x, xq = self._add_norm_for_linears(h, mlp, layers[index + 1].input_norm, eps)
             else:
                 h = h + mlp
         h = self._rms_norm(h[meta.logit_rows], self.weights.final_norm, eps)
@@ -158,14 +172,15 @@ class DeepseekV32:
         cos: torch.Tensor,
         sin: torch.Tensor,
         meta: StepMetadata,
+        xq: tuple[torch.Tensor, torch.Tensor] | None = None,  # x's codes and scales, if made
     ) -> torch.Tensor:  # [T, hidden]
         c, ix = self.config, w.indexer
         tokens = x.shape[0]
         q_a, index_k, compressed = self._projections(
-            w.from_hidden, (w.q_a_proj, ix.wk, w.kv_a_proj), x
+            w.from_hidden, (w.q_a_proj, ix.wk, w.kv_a_proj), x, xq
         )
-        q_resid = self._rms_norm(q_a, w.q_a_norm, NORM_EPS)
-        q, q_index = self._projections(w.from_q_lora, (w.q_b_proj, ix.wq_b), q_resid)
+        q_resid, q_resid_q = self._norm_for_linears(q_a, w.q_a_norm, NORM_EPS)
+        q, q_index = self._projections(w.from_q_lora, (w.q_b_proj, ix.wq_b), q_resid, q_resid_q)
         q = q.view(tokens, c.num_heads, c.qk_head_dim)
         q_nope, q_rope = q.split([c.qk_nope_head_dim, ROPE_DIM], dim=-1)
         q_mla = q.new_empty(tokens, c.num_heads, LATENT_RANK + ROPE_DIM)
@@ -217,11 +232,12 @@ class DeepseekV32:
         self._per_head(out, w.w_uv, transpose=True, out=values)
         return w.o_proj(values.view(tokens, -1), self.row_by_row)
 
-    def _projections(self, fused, linears, x) -> tuple[torch.Tensor, ...]:
-        """``linears`` of ``x``: one joined product when ``fused`` is set, else each alone."""
+    def _projections(self, fused, linears, x, xq=None) -> tuple[torch.Tensor, ...]:
+        """``linears`` of ``x``: one joined product when ``fused`` is set, else each alone
+        (``xq``: x's codes and scales, for the a8w8 linears)."""
         if fused is not None:
-            return fused(x, self.row_by_row)
-        return tuple(linear(x, self.row_by_row) for linear in linears)
+            return fused(x, self.row_by_row, xq)
+        return tuple(linear(x, self.row_by_row, xq) for linear in linears)
 
     def _indexer_inputs(self, ix: IndexerWeights, x, q, k, cos, sin):
         """The indexer's query [T, Hi, 128], head weights [T, Hi] fp32 and key [T, 128], from
@@ -327,10 +343,10 @@ class DeepseekV32:
 
     # -- MLP ----------------------------------------------------------------------------------
 
-    def _mlp(self, w: DenseMLPWeights | MoEWeights, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, w: DenseMLPWeights | MoEWeights, x: torch.Tensor, xq=None) -> torch.Tensor:
         if isinstance(w, DenseMLPWeights):
-            gate = w.gate_proj(x, self.row_by_row)
-            up = w.up_proj(x, self.row_by_row)
+            gate = w.gate_proj(x, self.row_by_row, xq)
+            up = w.up_proj(x, self.row_by_row, xq)
             return w.down_proj(F.silu(gate) * up, self.row_by_row)
         c = self.config
         router_logits = w.router(x, self.row_by_row)
@@ -365,6 +381,28 @@ class DeepseekV32:
         if isinstance(parts[0], tuple):
             return tuple(torch.cat(column) for column in zip(*parts, strict=True))
         return torch.cat(parts)
+
+    def _norm_for_linears(self, x: torch.Tensor, weight: torch.Tensor, eps: float):
+        """``(rms_norm(x), its codes and scales or None)``: with norm_quantize one launch of
+        norm_quant.py's kernel writes both (the codes for the dense.linear_a8w8 calls that read
+        the norm's output)."""
+        if not self.norm_quantize:
+            return self._rms_norm(x, weight, eps), None
+        from hwrun.kernels.triton.norm_quant import rms_norm_quantize
+
+        _, y, codes = rms_norm_quantize(x, weight, eps, self.norm_ue8m0, token_major_scales=True)
+        return y, codes
+
+    def _add_norm_for_linears(self, h, delta, weight, eps: float):
+        """``_add_rms_norm``, and the norm's codes and scales as in ``_norm_for_linears``."""
+        if not self.norm_quantize:
+            return *self._add_rms_norm(h, delta, weight, eps), None
+        from hwrun.kernels.triton.norm_quant import rms_norm_quantize
+
+        h, y, codes = rms_norm_quantize(
+            h, weight, eps, self.norm_ue8m0, token_major_scales=True, delta=delta
+        )
+        return h, y, codes
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return self._rows(lambda rows: self.fn.rms_norm(rows, weight, eps), x)
