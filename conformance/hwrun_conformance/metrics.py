@@ -57,22 +57,7 @@ def exact(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, **_: Any) -> Mea
 def allclose(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, **_: Any) -> Measured:
     """Worst ``|out-ref| / (atol + rtol*|ref|)`` over finite reference values; infinities and NaN
     must sit exactly where the reference has them (an empty softmax row has lse = -inf)."""
-    a = out.detach().float().cpu()
-    b = ref.detach().float().cpu()
-    mismatch = _nonfinite_mismatch(a, b)
-    if mismatch:
-        return Measured(float("inf"), mismatch)
-    finite = torch.isfinite(b)
-    if not bool(finite.any()):
-        return Measured(0.0)
-    err = (a - b).abs()[finite]
-    ratio = err / (tol.atol + tol.rtol * b.abs()[finite])
-    worst = int(ratio.argmax())
-    return Measured(
-        float(ratio[worst]),
-        f"max |diff| {float(err.max()):.3g}; worst ratio at flat finite index {worst} "
-        f"(got {float(a[finite][worst]):.6g}, expected {float(b[finite][worst]):.6g})",
-    )
+    return _worst_ratio(out, ref, tol, None)
 
 
 def allclose_terms(
@@ -86,6 +71,12 @@ def allclose_terms(
     """:func:`allclose` with ``tol.terms * terms`` added to each value's allowance: the error a
     sum accumulated at the matrix units' precision may carry, in proportion to the magnitude of
     what it summed rather than to the result (which cancellation can make arbitrarily small)."""
+    return _worst_ratio(out, ref, tol, terms)
+
+
+def _worst_ratio(
+    out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, terms: torch.Tensor | None
+) -> Measured:
     a = out.detach().float().cpu()
     b = ref.detach().float().cpu()
     mismatch = _nonfinite_mismatch(a, b)
@@ -95,14 +86,18 @@ def allclose_terms(
     if not bool(finite.any()):
         return Measured(0.0)
     err = (a - b).abs()[finite]
-    size = terms.detach().float().cpu()[finite]
-    ratio = err / (tol.atol + tol.rtol * b.abs()[finite] + tol.terms * size)
+    allowance = tol.atol + tol.rtol * b.abs()[finite]
+    if terms is not None:
+        size = terms.detach().float().cpu()[finite]
+        allowance = allowance + tol.terms * size
+    ratio = err / allowance
     worst = int(ratio.argmax())
+    where = f"got {float(a[finite][worst]):.6g}, expected {float(b[finite][worst]):.6g}"
+    if terms is not None:
+        where += f", terms {float(size[worst]):.3g}"
     return Measured(
         float(ratio[worst]),
-        f"max |diff| {float(err.max()):.3g}; worst ratio at flat finite index {worst} "
-        f"(got {float(a[finite][worst]):.6g}, expected {float(b[finite][worst]):.6g}, "
-        f"terms {float(size[worst]):.3g})",
+        f"max |diff| {float(err.max()):.3g}; worst ratio at flat finite index {worst} ({where})",
     )
 
 

@@ -69,6 +69,17 @@ def _quantize_rows_kernel(
     tl.store(scales_ptr + row * stride_s_row + g * stride_s_group, s, mask=g < C // 128)
 
 
+def empty_scales(
+    tokens: int, groups: int, device: torch.device, token_major: bool
+) -> torch.Tensor:  # [tokens, groups] float32
+    """Room for ``tokens`` x ``groups`` activation scales: rows first, or tokens first with each
+    group's column 16-byte aligned (strides ``(1, tokens rounded up to 4)``)."""
+    if not token_major:
+        return torch.empty(tokens, groups, dtype=torch.float32, device=device)
+    padded = -(-tokens // 4) * 4
+    return torch.empty(groups, padded, dtype=torch.float32, device=device)[:, :tokens].t()
+
+
 def quantize_activations(
     x: torch.Tensor,  # [T, C] float, C a multiple of 128
     ue8m0: bool,
@@ -88,12 +99,7 @@ def quantize_activations(
         )
     t, c = x.shape
     codes = torch.empty(t, c, dtype=torch.uint8, device=x.device)
-    if token_major_scales:
-        padded = -(-t // 4) * 4
-        scales = torch.empty(c // BLOCK, padded, dtype=torch.float32, device=x.device)
-        scales = scales[:, :t].t()
-    else:
-        scales = torch.empty(t, c // BLOCK, dtype=torch.float32, device=x.device)
+    scales = empty_scales(t, c // BLOCK, x.device, token_major_scales)
     if t == 0:
         return codes, scales
     prepare_launch()

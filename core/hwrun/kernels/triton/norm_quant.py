@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from hwrun.formats.fp8 import BLOCK
-from hwrun.kernels.triton.activation_quant import e4m3_groups
+from hwrun.kernels.triton.activation_quant import e4m3_groups, empty_scales
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 
@@ -96,12 +96,7 @@ def rms_norm_quantize(
     t, c = x.shape
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     codes = torch.empty(t, c, dtype=torch.uint8, device=x.device)
-    if token_major_scales:
-        padded = -(-t // 4) * 4
-        scales = torch.empty(c // BLOCK, padded, dtype=torch.float32, device=x.device)
-        scales = scales[:, :t].t()
-    else:
-        scales = torch.empty(t, c // BLOCK, dtype=torch.float32, device=x.device)
+    scales = empty_scales(t, c // BLOCK, x.device, token_major_scales)
     h_new = torch.empty_like(y) if delta is not None else None
     if t:
         prepare_launch()
