@@ -43,7 +43,8 @@ KNOBS: dict[str, str] = {
     "graphs keep the overlap). 0 (also false, no, off): plain launches. Any other value is "
     "refused.",
     "HWRUN_NORM_QUANTIZE": "1 (also true, yes, on): with fp8 linear activations on CUDA, the "
-    "RMSNorms whose output feeds dense.linear_a8w8 (each layer's input norm and q-LoRA's) "
+    "RMSNorms whose output feeds dense.linear_a8w8 (each layer's input norm, q-LoRA's, and "
+    "the post-attention norm ahead of a dense MLP) "
     "write the e4m3 codes and scales of their output in the same launch (one Triton kernel "
     "instead of the compiled norm and the linear's quantizer). 0 or unset (default): off, "
     "until an H200 run has timed it. Any other value is refused. Not in batch-invariant mode.",

@@ -153,7 +153,11 @@ class DeepseekV32:
         for index, layer in enumerate(layers):
             attention = self._attention(index, layer.attention, x, cos, sin, meta, xq)
             attention = self.all_reduce(attention)
-            h, x, xq = self._add_norm_for_linears(h, attention, layer.post_attention_norm, eps)
+            # (an MoE quantizes its own input: only a dense MLP's gate and up read codes here)
+            dense = isinstance(layer.mlp, DenseMLPWeights)
+            h, x, xq = self._add_norm_for_linears(
+                h, attention, layer.post_attention_norm, eps, quantize=dense
+            )
             mlp = self.all_reduce(self._mlp(layer.mlp, x, xq))
             if index + 1 < len(layers):  # the residual add fused with the next layer's norm
                 h, x, xq = self._add_norm_for_linears(h, mlp, layers[index + 1].input_norm, eps)
@@ -393,9 +397,10 @@ class DeepseekV32:
         _, y, codes = rms_norm_quantize(x, weight, eps, self.norm_ue8m0, token_major_scales=True)
         return y, codes
 
-    def _add_norm_for_linears(self, h, delta, weight, eps: float):
-        """``_add_rms_norm``, and the norm's codes and scales as in ``_norm_for_linears``."""
-        if not self.norm_quantize:
+    def _add_norm_for_linears(self, h, delta, weight, eps: float, quantize: bool = True):
+        """``_add_rms_norm``, and the norm's codes and scales as in ``_norm_for_linears`` (not
+        with ``quantize`` False: no a8w8 linear reads this norm's output)."""
+        if not (self.norm_quantize and quantize):
             return *self._add_rms_norm(h, delta, weight, eps), None
         from hwrun.kernels.triton.norm_quant import rms_norm_quantize
 
