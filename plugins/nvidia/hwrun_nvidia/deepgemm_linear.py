@@ -15,12 +15,13 @@ Conventions converted to the contract:
   ``x_scale * w_scale`` into an fp32 accumulator, one rounding to bf16: the contract up to fp32
   summation order, as the Triton kernel.
 
-Row counts: DeepGEMM's smallest M tile is 64 rows, so a few-row call reads every weight byte
-through a tile mostly of padding, where the Triton kernel splits K across the SMs and stays
-under DeepGEMM (H200, docs/benchmarks.md: 0.78-0.85x DeepGEMM's time at one row). Calls of
-fewer than ``DEEPGEMM_MIN_ROWS`` rows, and weights whose row count DeepGEMM's bf16 output tiles
-do not cover evenly (``R % 64``), are computed by the Triton kernel: the same op, so a caller
-sees one impl whose speed follows the row count.
+Row counts: a few-row call is a matrix-vector product where the Triton kernel splits K across
+the SMs: on the H200 (docs/benchmarks.md, 2026-12-04) at 1 and 8 rows its whole call, quantizer
+included, took 0.94-1.18x DeepGEMM's GEMM alone, to which this adapter adds the quantizer's
+launch (2-3 us); from 16 rows DeepGEMM's adapter wins on two of the three projections, from 32
+on all three. Calls of fewer than ``DEEPGEMM_MIN_ROWS`` rows, and weights whose row count
+DeepGEMM's output tiles do not cover evenly (``R % 64``), are computed by the Triton kernel: the
+same op, so a caller sees one impl whose speed follows the row count.
 """
 
 from __future__ import annotations
