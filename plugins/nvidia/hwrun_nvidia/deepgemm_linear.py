@@ -11,17 +11,18 @@ Conventions converted to the contract:
   are (``[ceil(R/128), C/128]``, what the SM90 kernel takes for 128 x 128 weight blocks).
   ``fp8_block128_ue8m0`` weights keep e8m0 bytes, which this kernel does not read: they, and
   Blackwell (whose kernel takes packed ue8m0 scales), are refused.
-- numerics: e4m3 x e4m3 products on the tensor cores, each 128-wide K step's sum scaled by
-  ``x_scale * w_scale`` into an fp32 accumulator, one rounding to bf16: the contract up to fp32
-  summation order, as the Triton kernel.
+- numerics: e4m3 x e4m3 products on the tensor cores, each 128-wide K step summed there (at
+  their accumulation precision, which the contract allows: ``hwrun.ops.linear``), scaled by
+  ``x_scale * w_scale`` into an fp32 accumulator, one rounding to bf16.
 
 Row counts: a few-row call is a matrix-vector product where the Triton kernel splits K across
 the SMs: on the H200 (docs/benchmarks.md, 2026-12-04) at 1 and 8 rows its whole call, quantizer
-included, took 0.94-1.18x DeepGEMM's GEMM alone, to which this adapter adds the quantizer's
-launch (2-3 us); from 16 rows DeepGEMM's adapter wins on two of the three projections, from 32
-on all three. Calls of fewer than ``DEEPGEMM_MIN_ROWS`` rows, and weights whose row count
-DeepGEMM's output tiles do not cover evenly (``R % 64``), are computed by the Triton kernel: the
-same op, so a caller sees one impl whose speed follows the row count.
+included, took 0.94-1.38x DeepGEMM's GEMM alone, to which this adapter adds the quantizer's
+launch (2-3 us): Triton is faster on two of the bench model's three projections at 8 rows,
+DeepGEMM on o_proj; from 16 rows DeepGEMM's adapter wins on two of the three, from 32 on all.
+Calls of fewer than ``DEEPGEMM_MIN_ROWS`` rows, and weights whose row count DeepGEMM's output
+tiles do not cover evenly (``R % 64``), are computed by the Triton kernel: the same op, so a
+caller sees one impl whose speed follows the row count.
 """
 
 from __future__ import annotations
