@@ -47,6 +47,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from gpu_bench_common import Row, bench, markdown, start_run, write_results
 
 from hwrun.kernels.triton import linear as tl_linear
+from hwrun.kernels.triton.activation_quant import empty_scales
 from hwrun.ops.quantized_weight import QuantizedWeight
 
 SHAPES = {  # name -> (rows R, columns C, format)
@@ -85,9 +86,7 @@ def fp8_peers(x: torch.Tensor, weight: QuantizedWeight, log: list[str], label: s
     x_codes = (groups / x_scales[..., None]).to(torch.float8_e4m3fn).view(m, k)
     # DeepGEMM's SM90 layout (tokens first, 16-byte-aligned columns): its GEMM alone is timed,
     # not the transpose it would launch for row-major scales
-    padded = -(-m // 4) * 4
-    dg_scales = torch.zeros(k // 128, padded, device="cuda")[:, :m].t()
-    dg_scales.copy_(x_scales)
+    dg_scales = empty_scales(m, k // 128, x.device, token_major=True).copy_(x_scales)
     w_codes = weight.data.view(torch.float8_e4m3fn)
     out = torch.empty(m, weight.shape[0], device="cuda", dtype=torch.bfloat16)
     if importlib.util.find_spec("deep_gemm") is not None:

@@ -121,11 +121,10 @@ class Linear:
                 f"{self.weight.name}: a {self.weight.format} linear runs through the engine's "
                 f"{self.op} op; give it the resolved ops first (bind_linears)"
             )
-        rows = x.reshape(-1, x.shape[-1])
-        if quantized is not None and self.op == LINEAR_A8W8_OP:
-            out = self.ops[self.op](rows, self.weight, quantized=quantized)
-            return out.view(*x.shape[:-1], self.weight.shape[0])
-        out = self.ops[self.op](rows, self.weight)
+        given = (
+            {"quantized": quantized} if quantized is not None and self.op == LINEAR_A8W8_OP else {}
+        )
+        out = self.ops[self.op](x.reshape(-1, x.shape[-1]), self.weight, **given)
         return out.view(*x.shape[:-1], self.weight.shape[0])
 
 

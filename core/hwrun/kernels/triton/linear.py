@@ -325,10 +325,7 @@ def _linear_kernel(
             )  # fmt: skip
             if SCALED_A:
                 # e4m3 times e4m3 (or f16 times f16), fp32 sums; both sides' scales of this K step
-                # (inside one 128-column group) multiply the step's partial product.
-                a_scale = tl.load(
-                    xs_ptr + m.to(tl.int64) * stride_xsm + (k0 // 128) * stride_xsk, mask=m_mask
-                )
+                # (inside one 128-column group, loaded a step ahead) multiply its partial product.
                 if SWAP_AB:
                     acc += tl.dot(w, tl.trans(a)) * (scale[:, None] * a_scale[None, :])
                 else:
