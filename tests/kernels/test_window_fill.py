@@ -25,9 +25,10 @@ def test_fills_exactly_the_columns_outside_each_window(monkeypatch, with_starts)
     monkeypatch.setattr(window_fill, "BLOCK", 64)  # several tiles per row in the interpreter
     g = torch.Generator().manual_seed(3)
     width = 300  # not a multiple of the tile
-    padded = torch.randn(7, 320, generator=g)
-    starts = torch.tensor([0, 5, 64, 100, 0, 299, 150], dtype=I32)
-    ends = torch.tensor([300, 70, 128, 100, 1, 300, 400], dtype=I32)  # 100..100: empty
+    padded = torch.randn(8, 320, generator=g)
+    starts = torch.tensor([0, 5, 64, 100, 0, 299, 150, 0], dtype=I32)
+    # 100..100 and 0..0: empty; end 1: a paged row's tail loop over every tile
+    ends = torch.tensor([300, 70, 128, 100, 1, 300, 400, 0], dtype=I32)
     logits = padded[:, :width]
     want = _expected(logits.clone(), starts if with_starts else None, ends)
     got = fill_outside_windows(logits, starts if with_starts else None, ends)
