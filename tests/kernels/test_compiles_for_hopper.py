@@ -163,8 +163,21 @@ SELECT_DECODE = {
     "EARLY": False,
     "RADIX_BITS": 8,
 }
+# the top-k's segment maxima with the threshold search folded into each row's last program
+SEGMAX_ARGS = {
+    "logits_ptr": "*fp32",
+    **ROWS,
+    "max_ptr": "*i32",
+    **SCALARS,
+    **dict.fromkeys((*THRESHOLD[1:], "arrived_ptr"), "*i32"),
+}
+SEGMAX_DECODE = {"M": 8192, "SLACK": 128, "LEVELS": 5, "BLOCK": 4096}
+SEGMAX_FOLDED = {**SEGMAX_DECODE, **THRESHOLD_DECODE, "FOLD": True, "EARLY": True}
 # kernel -> (signature, constexprs)
 VARIANTS = {
+    "segmax_plain": (SEGMAX_ARGS, SEGMAX_DECODE),
+    "segmax_folded": (SEGMAX_ARGS, SEGMAX_FOLDED),
+    "segmax_folded_pdl": (SEGMAX_ARGS, {**SEGMAX_FOLDED, "PDL": True}),
     "threshold_one_bit": (THRESHOLD_ARGS, {**THRESHOLD_DECODE, "PAIRS": False}),
     "threshold_two_bits": (THRESHOLD_ARGS, {**THRESHOLD_DECODE, "PAIRS": True}),
     # 8 bits a round: the histograms' masks, the reversed scan and the three-way reduction
@@ -323,6 +336,8 @@ for _name, (_base, _extra) in PDL_VARIANTS.items():
 # Triton's default is 4 warps; sparse MLA decode launches 8, and so do the top-k's
 # one-program-per-row kernels by default (select_warps).
 NUM_WARPS = {
+    "segmax_plain": 8,
+    "segmax_folded": 8,
     "threshold_radix": 8,
     "select_radix": 8,
     "threshold_radix4": 8,
@@ -354,10 +369,11 @@ def _compile(variant: str) -> int:
     from hwrun.kernels.triton.norm_quant import _norm_quantize_kernel
     from hwrun.kernels.triton.sparse_mla import _sparse_mla_decode_kernel
     from hwrun.kernels.triton.topk_select import select_candidates
-    from hwrun.kernels.triton.topk_threshold import _compact_live, _threshold
+    from hwrun.kernels.triton.topk_threshold import _compact_live, _segment_max, _threshold
     from hwrun.kernels.triton.window_fill import _fill_outside
 
     kernel = {
+        "segmax": _segment_max,
         "threshold": _threshold,
         "select": select_candidates,
         "compact": _compact_live,

@@ -123,6 +123,34 @@ def test_topk_replays_in_a_cuda_graph():
     assert sets_equal(out, ref_topk(logits, starts, ends, 2048))
 
 
+def test_topk_folded_threshold_sees_every_programs_maxima():
+    """fold_threshold: each row's last _segment_max program reads maxima the row's other
+    programs stored (ordered by the arrival count's acquire-release): the candidate counts,
+    hence T, equal the _threshold launch's on every row, call after call (the engine's 64 x
+    32782 decode rows, and 64 x 131072), eagerly and in graph replays on new scores."""
+    from dataclasses import replace
+
+    from hwrun.kernels.triton.topk_threshold import ThresholdTiles, candidate_counts, topk
+
+    folded = replace(ThresholdTiles(), fold_threshold=True)
+    for length in (32782, 131072):
+        logits = indexer_like_logits(64, length)
+        starts = torch.zeros(64, device="cuda", dtype=torch.int32)
+        ends = torch.full((64,), length, device="cuda", dtype=torch.int32)
+        ends[:8] = torch.randint(2049, length, (8,), device="cuda", dtype=torch.int32)
+        want = candidate_counts(logits, starts, ends, 2048)
+        for _ in range(20):
+            assert torch.equal(candidate_counts(logits, starts, ends, 2048, folded), want)
+        topk(logits, starts, ends, 2048, folded)  # compiled outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = topk(logits, starts, ends, 2048, folded)
+        for replay in range(3):
+            logits.copy_(indexer_like_logits(64, length))
+            graph.replay()
+            assert sets_equal(out, ref_topk(logits, starts, ends, 2048)), (length, replay)
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 @pytest.mark.parametrize("q_dtype", [torch.float8_e4m3fn, torch.bfloat16])
 @pytest.mark.parametrize("batch,next_n,heads", [(8, 1, 64), (4, 2, 32), (1, 1, 64), (3, 1, 10)])

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hwrun.kernels.triton import topk_threshold
 from hwrun.kernels.triton.interpreter import prepare_launch
 from hwrun.kernels.triton.topk import topk as radix_topk
 from hwrun.kernels.triton.topk_select import kth_largest, kth_largest_radix
@@ -36,6 +37,8 @@ RADIX = ThresholdTiles(
 RADIX4 = replace(RADIX, radix_bits=4)  # 16-bin histograms, twice the rounds
 # The bitwise search to the end (the default stops at exactly k keys: early_exit).
 FULL_SEARCH = replace(BY_SEGMENT, early_exit=False)
+# T searched by _segment_max's last program of each row (no _threshold launch).
+FOLDED = replace(BY_SEGMENT, fold_threshold=True)
 I32 = torch.int32
 
 
@@ -65,9 +68,10 @@ def _edge_rows(seed, length=1500):
 
 @pytest.mark.parametrize(
     "tiles",
-    [SMALL, TINY_CAPACITY, BY_SEGMENT, PAIRS, RADIX, RADIX4, FULL_SEARCH],
-    ids=["small", "tiny_capacity", "by_segment", "pairs", "radix", "radix4", "full_search"],
-)
+    [SMALL, TINY_CAPACITY, BY_SEGMENT, PAIRS, RADIX, RADIX4, FULL_SEARCH, FOLDED],
+    ids=["small", "tiny_capacity", "by_segment", "pairs", "radix", "radix4", "full_search",
+         "folded"],
+)  # fmt: skip
 @pytest.mark.parametrize("seed", [0, 1])
 def test_threshold_matches_reference_sets(seed, tiles):
     logits, starts, ends = _edge_rows(seed)
@@ -99,8 +103,8 @@ def test_compacting_by_segment_finds_the_same_candidates():
 
 @pytest.mark.parametrize(
     "tiles",
-    [SMALL, BY_SEGMENT, PAIRS, RADIX, FULL_SEARCH],
-    ids=["small", "by_segment", "pairs", "radix", "full_search"],
+    [SMALL, BY_SEGMENT, PAIRS, RADIX, FULL_SEARCH, FOLDED],
+    ids=["small", "by_segment", "pairs", "radix", "full_search", "folded"],
 )
 def test_threshold_overflow_rows_take_the_exact_slow_path(tiles):
     # Sorted, all-equal and three-valued rows put whole segments (or the whole window) over T.
@@ -114,6 +118,27 @@ def test_threshold_overflow_rows_take_the_exact_slow_path(tiles):
     counts = candidate_counts(logits, starts, ends, 16, tiles)
     assert (counts[:3] > tiles.capacity).all() and counts[3] <= tiles.capacity, counts
     _assert_sets(topk(logits, starts, ends, 16, tiles), reference(logits, starts, ends, 16))
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [FOLDED, replace(FOLDED, by_segment=False)],
+    ids=["by_segment", "scan"],
+)
+def test_folded_threshold_is_the_launched_one(monkeypatch, tiles):
+    """_segment_max's last program of a row finds the T (so the candidates) that the _threshold
+    launch finds, on rows whose programs mostly skip (short windows in long rows, short rows),
+    and leaves the arrival counters zero for the next call (every call after the first relies
+    on it), also when a call has more rows than the counters were made for."""
+    monkeypatch.setattr(topk_threshold, "_ARRIVALS", {})
+    monkeypatch.setattr(topk_threshold, "_ARRIVAL_ROWS", 4)  # made for 4 rows, then for 9
+    unfolded = replace(tiles, fold_threshold=False)
+    for rows in ([t[:4] for t in _edge_rows(4)], _edge_rows(5)):
+        want = candidate_counts(*rows, 16, unfolded)
+        torch.testing.assert_close(candidate_counts(*rows, 16, tiles), want)
+        _assert_sets(topk(*rows, 16, tiles), reference(*rows, 16))
+    made = topk_threshold._ARRIVALS[torch.device("cpu")]
+    assert [c.numel() for c in made] == [4, 9] and not any(c.any() for c in made)
 
 
 def test_early_exit_keeps_a_valid_threshold():
@@ -316,8 +341,8 @@ def _slack_rows(seed):
 @pytest.mark.parametrize(
     "tiles",
     [SLACKED, replace(SLACKED, by_segment=False), replace(SLACKED, early_exit=False),
-     replace(SLACKED, radix_search=True)],
-    ids=["by_segment", "scan", "full_search", "radix"],
+     replace(SLACKED, radix_search=True), replace(SLACKED, fold_threshold=True)],
+    ids=["by_segment", "scan", "full_search", "radix", "folded"],
 )  # fmt: skip
 def test_slack_segments_are_compacted(tiles):
     """Windows whose segments run past M: the tail's maxima do not vote for T, but its columns

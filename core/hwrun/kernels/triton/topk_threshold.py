@@ -14,7 +14,9 @@ exact selection runs over a few thousand candidates held in registers.
    histograms). The maxima are k distinct columns scoring >= T, so T is never above the row's
    k-th key: every column of the result, ties at the k-th key included, scores >= T. The
    tail's maxima do not vote, so the search's tile stays M wide (with them T could only be
-   higher: a few candidates fewer).
+   higher: a few candidates fewer). With ``ThresholdTiles.fold_threshold`` there is no such
+   launch: each row's last ``_segment_max`` program to finish (an arrival count per row, reset
+   by that program) searches T in its place.
 3. ``_compact`` (rows x chunks programs): the window's keys >= T, read only in segments whose
    maximum reaches T (the tail's too), appended to a per-row buffer of ``CAP`` slots (one
    atomic per tile, the next tile's loads issued before it). With ``ThresholdTiles.by_segment``,
@@ -81,10 +83,24 @@ def _segment_max(
     row_stride,
     L,
     k,
+    # FOLD: _threshold's outputs, written by each row's last program to finish, and the
+    # row's arrival counters (int32 [R], zero before the launch and left zero after it)
+    thresh_ptr,
+    count_ptr,
+    live_ptr,
+    nlive_ptr,
+    arrived_ptr,
     M: tl.constexpr,
     SLACK: tl.constexpr,
     LEVELS: tl.constexpr,
     BLOCK: tl.constexpr,
+    FOLD: tl.constexpr = False,
+    BITS: tl.constexpr = 16,
+    LIST: tl.constexpr = True,
+    PAIRS: tl.constexpr = False,
+    RADIX: tl.constexpr = False,
+    EARLY: tl.constexpr = True,
+    RADIX_BITS: tl.constexpr = 8,
     PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     wait_for_previous_kernel(PDL)
@@ -108,6 +124,17 @@ def _segment_max(
                     seg_max.to(tl.int32, bitcast=True),
                     mask=(seg >= 0) & (seg < nseg),
                 )
+    if FOLD:
+        # Every program of the row arrives (those outside its window too); the last searches T
+        # over the maxima the others stored, in place of a _threshold launch after this one.
+        tl.debug_barrier()  # every thread's maxima stored before the count says so
+        tiles = tl.num_programs(1)
+        if tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu") == tiles - 1:
+            tl.store(arrived_ptr + row, 0)  # for the next launch (a graph replays this one)
+            _row_threshold(
+                row, starts_ptr, ends_ptr, max_ptr, thresh_ptr, count_ptr, live_ptr, nlive_ptr,
+                L, k, M, SLACK, LEVELS, BITS, LIST, PAIRS, RADIX, EARLY, RADIX_BITS,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -133,7 +160,37 @@ def _threshold(
     PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     wait_for_previous_kernel(PDL)
-    row = tl.program_id(0).to(tl.int64)
+    _row_threshold(
+        tl.program_id(0).to(tl.int64), starts_ptr, ends_ptr, max_ptr, thresh_ptr, count_ptr,
+        live_ptr, nlive_ptr, L, k, M, SLACK, LEVELS, BITS, LIST, PAIRS, RADIX, EARLY,
+        RADIX_BITS,
+    )  # fmt: skip
+
+
+@triton.jit
+def _row_threshold(
+    row,
+    starts_ptr,
+    ends_ptr,
+    max_ptr,
+    thresh_ptr,
+    count_ptr,
+    live_ptr,
+    nlive_ptr,
+    L,
+    k,
+    M: tl.constexpr,
+    SLACK: tl.constexpr,
+    LEVELS: tl.constexpr,
+    BITS: tl.constexpr,
+    LIST: tl.constexpr,
+    PAIRS: tl.constexpr,
+    RADIX: tl.constexpr,
+    EARLY: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
+):
+    """Row ``row``'s T (and with LIST its live segments) from its stored segment maxima: the
+    body of _threshold, and of _segment_max's last program of a row under FOLD."""
     start, end = window(starts_ptr, ends_ptr, row, L)
     tl.store(count_ptr + row, 0)
     if end - start > k:
@@ -143,7 +200,8 @@ def _threshold(
         seg = tl.arange(0, M)
         # The whole row is allocated: an unmasked (vector) load, unwritten entries zeroed. T
         # from the head only: more than k segments whenever the window has more than k columns.
-        seg_max = tl.load(max_row + seg).to(tl.uint32, bitcast=True)
+        # .cg: from L2, where _segment_max's other programs stored them (FOLD)
+        seg_max = tl.load(max_row + seg, cache_modifier=".cg").to(tl.uint32, bitcast=True)
         seg_max = tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max))
         lo = tl.zeros((), tl.uint32)
         if RADIX:
@@ -164,7 +222,8 @@ def _threshold(
             # without one (its scan took 0.4 us of ~10.5 on the H200 at 64 x 32768).
             if nseg > M:
                 tail = M + tl.arange(0, SLACK)
-                tail_max = tl.load(max_row + tail).to(tl.uint32, bitcast=True)
+                tail_max = tl.load(max_row + tail, cache_modifier=".cg")
+                tail_max = tail_max.to(tl.uint32, bitcast=True)
                 tail_live = (tail < nseg) & (tail_max >= t)
                 tail_pos = nlive + tl.cumsum(tail_live.to(tl.int32), 0) - 1
                 tl.store(live_row + tail_pos, tail, mask=tail_live)
@@ -293,6 +352,21 @@ def _segment_maxima(max_row, idx, level, start, hi):
     return seg_max.to(tl.uint32, bitcast=True)
 
 
+# Per device, every counter buffer made (a captured graph keeps the pointer of the one it
+# captured, so none is freed when a larger one replaces it).
+_ARRIVALS: dict[torch.device, list[torch.Tensor]] = {}
+_ARRIVAL_ROWS = 1024  # the fewest rows a counter buffer is made for
+
+
+def _arrival_counters(device: torch.device, rows: int) -> torch.Tensor:
+    """int32 [rows] zeros for _segment_max's FOLD, which leaves them zero: made once per device
+    (and again for more rows), so that neither a call nor a graph's replay launches a memset."""
+    made = _ARRIVALS.setdefault(device, [])
+    if not made or made[-1].numel() < rows:
+        made.append(torch.zeros(max(rows, _ARRIVAL_ROWS), dtype=torch.int32, device=device))
+    return made[-1][:rows]
+
+
 def _levels(length: int, segments: int) -> int:
     """Levels 0 .. LEVELS-1, the last one leaving at most ``segments`` over a whole row."""
     level = 0
@@ -347,6 +421,11 @@ class ThresholdTiles:
     # live-column scan serial, were slower in the same sweep: 36-48 us at 64 x 32768, 74-112
     # at 64 x 131072; removed.)
     early_exit: bool = True
+    # T searched by _segment_max's last program of each row (an arrival count per row), not
+    # by a _threshold launch after it: one launch boundary fewer (~0.7 us under PDL on the
+    # H200), and a row's search starts as soon as its maxima are stored. The search then runs
+    # at num_warps. Not yet timed; in SWEEP_GRID.
+    fold_threshold: bool = False
     num_warps: int = 8  # _segment_max, _compact
     select_warps: int = 8  # _threshold, select_candidates (one program per row)
     threshold_bits: int = 16  # top bits of T searched; fewer: a coarser (lower) T
@@ -360,6 +439,10 @@ SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
     replace(ThresholdTiles(), **change)
     for change in (
         # newest first (a sweep's time budget may cut the tail)
+        {"fold_threshold": True},
+        # the folded search holds 105 registers a thread against the plain maxima's 58 (ptxas,
+        # sm_90): 2 programs an SM, not 4; half the programs with 8192-column tiles
+        {"fold_threshold": True, "block": 8192},
         {"radix_search": True, "radix_bits": 4},
         {"radix_search": True, "radix_bits": 4, "capacity": 4096},
         {"radix_search": True, "radix_bits": 4, "select_warps": 4},
@@ -446,21 +529,6 @@ def _run(
     rows = (starts.to(torch.int32), ends.to(torch.int32))  # clamped in the kernels
     stride = logits.stride(0)
     warps, select_warps = tiles.num_warps, tiles.select_warps
-    prepare_launch()
-    _segment_max[(R, cdiv(width, seg_block))](
-        logits,
-        *rows,
-        seg_max,
-        stride,
-        L,
-        k,
-        M,
-        slack,
-        levels,
-        seg_block,
-        num_warps=warps,
-        **pdl_options(logits.device),
-    )
     early = tiles.early_exit and not (tiles.search_pairs or tiles.radix_search)
     search = (tiles.search_pairs, tiles.radix_search, early, tiles.radix_bits)
     idx_bits = max(1, (L - 1).bit_length())
@@ -470,10 +538,20 @@ def _run(
     if tiles.by_segment:
         live = torch.empty((R, M + slack), dtype=torch.int32, device=device)
         nlive = torch.empty(R, dtype=torch.int32, device=device)
-    _threshold[(R,)](
-        *rows, seg_max, thresh, counts, live, nlive, L, k, M, slack, levels, tiles.threshold_bits,
-        tiles.by_segment, *search, num_warps=select_warps, **pdl_options(logits.device),
+    outputs = (thresh, counts, live, nlive)
+    search_args = (tiles.threshold_bits, tiles.by_segment, *search)
+    fold = tiles.fold_threshold
+    arrived = _arrival_counters(device, R) if fold else thresh  # unused without the fold
+    prepare_launch()
+    _segment_max[(R, cdiv(width, seg_block))](
+        logits, *rows, seg_max, stride, L, k, *outputs, arrived, M, slack, levels, seg_block,
+        fold, *search_args, num_warps=warps, **pdl_options(logits.device),
     )  # fmt: skip
+    if not fold:
+        _threshold[(R,)](
+            *rows, seg_max, *outputs, L, k, M, slack, levels, *search_args,
+            num_warps=select_warps, **pdl_options(logits.device),
+        )  # fmt: skip
     if tiles.by_segment:
         _compact_live[(R, max(1, min(chunks, cdiv(width, block))))](
             logits, *rows, live, nlive, thresh, counts, cand[0], cand[1], stride, L, k, M,
