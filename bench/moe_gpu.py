@@ -31,6 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from gpu_bench_common import Row, bench, markdown, start_run, write_results
 
 from hwrun.kernels.triton import moe, moe_align
+from hwrun.kernels.triton.activation_quant import quantize_activations
 from hwrun.ops.quantized_weight import QuantizedWeight, stack_shared_group
 
 SHAPES = {"deepseek-v3": (256, 7168, 2048), "bench-model": (64, 4096, 512)}
@@ -157,9 +158,12 @@ def breakdown(tokens, ids, w13, w2, shared) -> str:
     align_us = bench(
         lambda: moe_align.align_by_expert(ids, EXPERTS, tiles.block_m, with_shared=True)
     )
+    a8w8 = MODE == "a8w8"
+    # a8w8: the activations quantized once, as moe.experts does before its launches (untimed)
+    xq = quantize_activations(x, w13.format == "fp8_block128_ue8m0") if a8w8 else None
     gemm_us = bench(
         lambda: moe._swiglu_grouped(
-            x, w13, w2, shared, layout, route, slots, TOP_K, tiles, MODE == "a8w8"
+            x, w13, w2, shared, layout, route, slots, TOP_K, tiles, a8w8, xq
         )
     )
     return f"T={tokens} breakdown: align {align_us:.1f} us, GEMM launches {gemm_us:.1f} us"

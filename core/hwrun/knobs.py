@@ -42,12 +42,13 @@ KNOBS: dict[str, str] = {
     "before it in the stream finishes, and waits for it before touching the step's data (CUDA "
     "graphs keep the overlap). 0 (also false, no, off): plain launches. Any other value is "
     "refused.",
-    "HWRUN_NORM_QUANTIZE": "1 (also true, yes, on): with fp8 linear activations on CUDA, the "
-    "RMSNorms whose output feeds dense.linear_a8w8 (each layer's input norm, q-LoRA's, and "
-    "the post-attention norm ahead of a dense MLP) "
-    "write the e4m3 codes and scales of their output in the same launch (one Triton kernel "
-    "instead of the compiled norm and the linear's quantizer). 0 or unset (default): off, "
-    "until an H200 run has timed it. Any other value is refused. Not in batch-invariant mode.",
+    "HWRUN_NORM_QUANTIZE": "1 (also true, yes, on): on CUDA, the RMSNorms whose output feeds "
+    "an a8w8 op write the e4m3 codes and scales of their output in the same launch (one Triton "
+    "kernel instead of the compiled norm and the op's quantizer): with fp8 linear activations "
+    "each layer's input norm, q-LoRA's, and the post-attention norm ahead of a dense MLP "
+    "(dense.linear_a8w8); with fp8 expert activations the post-attention norm ahead of an MoE "
+    "(moe.experts). 0 or unset (default): off, until an H200 run has timed it. Any other "
+    "value is refused. Not in batch-invariant mode.",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
     "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "
     "(slow: for CI and debugging; vendor-library adapters still need their device). Triton reads "

@@ -287,8 +287,9 @@ def gpu_a8w8_model(tmp_path_factory):
 def test_a8w8_linears_on_the_gpu(plugins, gpu_a8w8_model, norm_quantize, monkeypatch):  # noqa: F811
     """Every dense.linear_a8w8 call of a teacher-forced GPU run (prefill and decode rows, the
     engine's own strides and joined projections) against the reference op on the same input.
-    With HWRUN_NORM_QUANTIZE the norms ahead of the joined projections and the dense MLP hand
-    their output's codes and scales over: each must be byte-exact to x's quantization.
+    With HWRUN_NORM_QUANTIZE the norms ahead of the joined projections, the dense MLP and (the
+    experts are a8w8 too) each MoE hand their output's codes and scales over: each must be
+    byte-exact to x's quantization, and moe.experts' output the one it computes from x.
 
     Not compared: the logits against the GPU reference run. With e4m3 activations a difference
     of one bf16 unit upstream (any op's summation order) flips an activation's code, one part in
@@ -301,6 +302,7 @@ def test_a8w8_linears_on_the_gpu(plugins, gpu_a8w8_model, norm_quantize, monkeyp
     prompt = _prompt(gpu_a8w8_model.config.vocab_size)
     flags = dict(model=str(gpu_a8w8_model.path), num_kv_tokens=16 * 64, max_model_len=1024)
     flags |= dict(kv_cache_dtype="fp8_ds_mla", index_dtype="fp8", linear_activation_dtype="fp8")
+    flags |= dict(expert_activation_dtype="fp8")
     gpu = _runner(plugins, platform="nvidia", cuda_graphs=False, **flags)
     assert gpu.model.norm_quantize == norm_quantize
     choice = next(c for c in gpu.op_table if c.op == "dense.linear_a8w8")
@@ -321,7 +323,20 @@ def test_a8w8_linears_on_the_gpu(plugins, gpu_a8w8_model, norm_quantize, monkeyp
         errors.append(((got.float() - want.float()).abs().amax() / scale).item())
         return got
 
-    with gpu.model.ops.replaced({"dense.linear_a8w8": checked}):
+    experts = gpu.model.ops["moe.experts"]
+    handed_to_experts = []
+
+    def checked_experts(x, *args, quantized=None, **kwargs):
+        got = experts(x, *args, quantized=quantized, **kwargs)
+        if quantized is not None:
+            handed_to_experts.append(x.shape[0])
+            codes, scales = quantize_fp8_groups(x.float(), 128)
+            assert torch.equal(quantized[0], codes) and torch.equal(quantized[1], scales)
+            assert torch.equal(got, experts(x, *args, **kwargs))  # the same codes, the same bits
+        return got
+
+    replaced = {"dense.linear_a8w8": checked, "moe.experts": checked_experts}
+    with gpu.model.ops.replaced(replaced):
         logits = _logits(gpu, prompt, [4, 9, 2])
     assert torch.isfinite(logits).all()
     # per step: 3 layers x 3 products (2 joined projections, o_proj) + the dense MLP's 3
@@ -333,8 +348,9 @@ def test_a8w8_linears_on_the_gpu(plugins, gpu_a8w8_model, norm_quantize, monkeyp
     if norm_quantize:
         assert len(handed) >= (2 * 3 + 2) * (1 + PROMPT - DECODE_FROM)
         assert not [name for name in handed if "o_proj" in name or "down_proj" in name]
+        assert len(handed_to_experts) >= 2 * (1 + PROMPT - DECODE_FROM)  # the two MoE layers
     else:
-        assert not handed
+        assert not handed and not handed_to_experts
 
 
 def test_codes_made_by_a_norm_reach_only_the_a8w8_op(a8w8_model):
@@ -409,6 +425,33 @@ def test_fp8_expert_activations_run_moe_experts_a8w8(plugins, a8w8_model):  # no
     want = plain.execute(chunk)[0].logits
     assert torch.isfinite(got).all() and not torch.equal(got, want)
     assert _relative_row_errors(got, want).max().item() < 0.1  # e4m3 inputs of the MoE layers
+
+
+def test_codes_made_by_a_norm_reach_moe_experts(plugins, a8w8_model):  # noqa: F811
+    """An MoE layer hands its input's codes (HWRUN_NORM_QUANTIZE's post-attention norm) to
+    moe.experts as ``quantized``, and calls it without the argument when no norm made them
+    (every impl of the op takes it, but none needs to see it)."""
+    from hwrun.formats.fp8 import quantize_fp8_groups
+
+    flags = dict(model=str(a8w8_model.path), platform="reference", num_kv_tokens=8 * 64)
+    runner = _runner(plugins, expert_activation_dtype="fp8", **flags)
+    model = runner.model
+    assert not model.norm_quantize  # a CPU engine: the norms write no codes
+    moe = next(layer.mlp for layer in model.weights.layers if hasattr(layer.mlp, "w13"))
+    x = torch.randn(3, model.config.hidden_size).to(torch.bfloat16)
+    xq = quantize_fp8_groups(x.float(), 128)
+    experts = model.ops["moe.experts"]
+    seen = []
+
+    def recorded(*args, **kwargs):
+        seen.append(kwargs.get("quantized", "absent"))
+        return experts(*args, **kwargs)
+
+    with model.ops.replaced({"moe.experts": recorded}):
+        given = model._mlp(moe, x, xq)
+        made = model._mlp(moe, x)
+    assert seen[0] is xq and seen[1] == "absent"
+    assert torch.equal(given, made)  # the reference computes from x either way
 
 
 def test_fp8_expert_activations_refuse_experts_not_in_block_fp8(plugins, tmp_path):  # noqa: F811

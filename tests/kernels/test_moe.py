@@ -273,6 +273,35 @@ def test_a8w8_matches_the_reference(fmt, shared_inter, splits, tma, host):
     assert (got.float() - want.float()).norm() * 4 < (got.float() - bf16.float()).norm()
 
 
+@pytest.mark.parametrize("shared_inter", [128, 256], ids=["shared_as_group", "shared_apart"])
+def test_a8w8_reads_handed_over_codes(shared_inter):
+    """``quantized`` (x's codes and scales, as the engine's norm writes them) is what the
+    kernels read, for the routed and the shared experts: codes equal to the kernel's own give
+    the same bits, and other scales give another input's output (so they are read, not
+    re-made). Token-
+    major scales (the linears' layout) are made row-major first."""
+    from hwrun.kernels.triton.activation_quant import quantize_activations
+
+    g = torch.Generator().manual_seed(57)
+    args = _problem(g, "fp8_block128", 5, 4, 256, 128, 2, shared_inter=shared_inter)
+    args["ids"][2, :] = -1  # only the shared experts
+    want = experts(**args, activation_mode="a8w8", tiles=A8W8_TILES)
+    codes, scales = quantize_activations(args["x"], False)
+    for given in (scales, quantize_activations(args["x"], False, token_major_scales=True)[1]):
+        got = experts(**args, activation_mode="a8w8", tiles=A8W8_TILES, quantized=(codes, given))
+        assert torch.equal(got, want)
+    # halved scales are x / 2's (the same codes; no group near the 1e-4 amax floor): the
+    # kernels compute x / 2's experts from them, not x's
+    halved = experts(
+        **args, activation_mode="a8w8", tiles=A8W8_TILES, quantized=(codes, scales / 2)
+    )
+    half_x = {**args, "x": args["x"] / 2}
+    assert torch.equal(halved, experts(**half_x, activation_mode="a8w8", tiles=A8W8_TILES))
+    assert not torch.equal(halved, want)
+    with pytest.raises(ValueError, match=r"quantized .*is an a8w8 input"):
+        experts(**args, tiles=A8W8_TILES, quantized=(codes, scales))
+
+
 def test_a8w8_default_tiles_keep_the_intermediate_groups_whole():
     from hwrun.kernels.triton.moe import default_tiles
 

@@ -321,3 +321,27 @@ def test_a8w8_refuses_weights_that_are_not_block_fp8():
         experts(x, w13, w2, ids, weights, "a8w8", (narrow[0].expert(0), narrow[1].expert(0)))
     # bf16 activations still take bf16 shared experts beside block-FP8 routed ones
     assert experts(x, w13, w2, ids, weights, "bf16", shared).shape == (2, 128)
+
+
+def test_a8w8_quantized_input_is_checked_and_defines_nothing():
+    """``quantized``: x's codes and scales, a8w8 only. The reference checks their shapes and
+    computes from x (they are the caller's promise), so handing them over changes nothing."""
+    from hwrun.formats.fp8 import quantize_fp8_groups
+
+    g = torch.Generator().manual_seed(61)
+    x = torch.randn(3, 128, generator=g).bfloat16()
+    ids = torch.tensor([[0, 1], [1, -1], [0, 0]], dtype=torch.int32)
+    weights = torch.rand(3, 2, generator=g)
+    w13, w2 = small_weights("fp8_block128")
+    codes, scales = quantize_fp8_groups(x.float(), group=128)
+    codes = codes.view(torch.uint8)
+    want = experts(x, w13, w2, ids, weights, "a8w8")
+    assert torch.equal(experts(x, w13, w2, ids, weights, "a8w8", quantized=(codes, scales)), want)
+    with pytest.raises(
+        ValueError, match=r"quantized .* is an a8w8 input; activation_mode is 'bf16'"
+    ):
+        experts(x, w13, w2, ids, weights, "bf16", quantized=(codes, scales))
+    with pytest.raises(ValueError, match=r"quantized scales must be torch.float32 \[3, 1\]"):
+        experts(x, w13, w2, ids, weights, "a8w8", quantized=(codes, scales[:2]))
+    with pytest.raises(ValueError, match=r"quantized must be \(codes, scales\)"):
+        experts(x, w13, w2, ids, weights, "a8w8", quantized=codes)

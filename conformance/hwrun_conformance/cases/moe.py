@@ -50,7 +50,10 @@ def _route(
     return variants(case, batch=tokens > 1)
 
 
-def _experts_sample(g, fmt, mode, tokens, experts, hidden, inter, k, shared) -> Sample:
+def _experts_sample(
+    g, fmt, mode, tokens, experts, hidden, inter, k, shared, given_codes=False
+) -> Sample:
+    from hwrun.formats.fp8 import quantize_fp8_groups
     from hwrun.ops.quantized_weight import quantize_weight
 
     def weight(shape, name):
@@ -73,6 +76,11 @@ def _experts_sample(g, fmt, mode, tokens, experts, hidden, inter, k, shared) -> 
             else None
         ),
     }
+    if given_codes:
+        # x's codes and scales as the engine's norm kernel hands them to an MoE: row-major
+        codes, scales = quantize_fp8_groups(kwargs["x"].float(), 128, ue8m0=fmt.endswith("ue8m0"))
+        kwargs["quantized"] = (codes, scales)
+        return Sample(kwargs=kwargs, outputs=("out",))
     return Sample(
         kwargs=kwargs,
         outputs=("out",),
@@ -92,18 +100,24 @@ def _experts(
     shared=False,
     quick=True,
     about="",
+    given_codes=False,
 ) -> list[Case]:
     case = Case(
         op="moe.experts",
-        name=f"{fmt}_{mode}" + ("_shared" if shared else ""),
+        name=f"{fmt}_{mode}"
+        + ("_shared" if shared else "")
+        + ("_given_codes" if given_codes else ""),
         spec=OpSpec(op="moe.experts", dtype="bfloat16", formats=(fmt, mode), topk=k),
-        build=lambda g: _experts_sample(g, fmt, mode, tokens, experts, hidden, inter, k, shared),
+        build=lambda g: _experts_sample(
+            g, fmt, mode, tokens, experts, hidden, inter, k, shared, given_codes
+        ),
         checks={"out": Check("allclose")},
         seed=seed,
         quick=quick,
         about=about,
     )
-    return variants(case, batch=tokens > 1, quick_siblings=fmt == "mxfp4")
+    # (a batch split would hand each part all of x's codes)
+    return variants(case, batch=tokens > 1 and not given_codes, quick_siblings=fmt == "mxfp4")
 
 
 def _requant_sample(g, source: str, shape: tuple[int, ...]) -> Sample:
@@ -160,6 +174,14 @@ def cases(op: str) -> list[Case]:
             ),
             *_experts(
                 "fp8_block128_ue8m0", "a8w8", 425, hidden=256, quick=False, about="ue8m0, a8w8"
+            ),
+            *_experts(
+                "fp8_block128",
+                "a8w8",
+                426,
+                shared=True,
+                given_codes=True,
+                about="a8w8 with x's codes and scales handed over (the engine's norm writes them)",
             ),
             *_experts("mxfp4", "bf16", 418, tokens=0, about="no tokens"),
             *_experts("bf16", "bf16", 419, tokens=1, experts=8, k=4, about="one token"),

@@ -55,6 +55,15 @@ from hwrun.ops.indexer import INDEX_HEAD_DIM
 NORM_EPS = 1e-6  # q_a / kv_a RMSNorms and the indexer's key LayerNorm (fixed in the model code)
 
 
+@dataclass(frozen=True)
+class NormCodes:
+    """How a norm writes its output's e4m3 codes and scales (HWRUN_NORM_QUANTIZE): scales tokens
+    first (the linears' layout) or row-major (moe.experts'), powers of two with ue8m0 weights."""
+
+    token_major: bool
+    ue8m0: bool
+
+
 @dataclass(frozen=True, eq=False)
 class DecodeRows:
     """Tokens that extend a cached context by one (``indexer.logits_paged`` + sparse decode)."""
@@ -132,16 +141,24 @@ class DeepseekV32:
             self.side_stream = torch.cuda.Stream(cache.device)
         # HWRUN_NORM_QUANTIZE: the norms that feed dense.linear_a8w8 write their output's e4m3
         # codes and scales too (kernels/triton/norm_quant.py; tokens first, DeepGEMM's layout,
-        # which the Triton linear reads as well), so the linears launch no quantizer.
-        self.norm_quantize = (
-            formats.linear_a8w8
-            and len(formats.linear_formats) == 1
-            and cache.is_cuda
+        # which the Triton linear reads as well), so the linears launch no quantizer; and under
+        # a8w8 experts the norm ahead of an MoE writes them for moe.experts (row-major, as its
+        # kernels read them). None: that norm writes no codes.
+        norm_quantize = (
+            cache.is_cuda
             and self.dtype == torch.bfloat16
             and not batch_invariant
             and knobs.norm_quantize()
         )
-        self.norm_ue8m0 = formats.linear_formats == ("fp8_block128_ue8m0",)
+        self.linear_codes = None
+        if norm_quantize and formats.linear_a8w8 and len(formats.linear_formats) == 1:
+            ue8m0 = formats.linear_formats == ("fp8_block128_ue8m0",)
+            self.linear_codes = NormCodes(token_major=True, ue8m0=ue8m0)
+        self.moe_codes = None
+        if norm_quantize and formats.expert_activation_mode == "a8w8":
+            ue8m0 = formats.expert_format == "fp8_block128_ue8m0"
+            self.moe_codes = NormCodes(token_major=False, ue8m0=ue8m0)
+        self.norm_quantize = self.linear_codes is not None or self.moe_codes is not None
 
     @torch.inference_mode()
     def forward(self, meta: StepMetadata) -> torch.Tensor:  # [R, V] float32
@@ -153,14 +170,17 @@ class DeepseekV32:
         for index, layer in enumerate(layers):
             attention = self._attention(index, layer.attention, x, cos, sin, meta, xq)
             attention = self.all_reduce(attention)
-            # (an MoE quantizes its own input: only a dense MLP's gate and up read codes here)
+            # codes for a dense MLP's gate and up, or for an MoE's experts
             dense = isinstance(layer.mlp, DenseMLPWeights)
             h, x, xq = self._add_norm_for_linears(
-                h, attention, layer.post_attention_norm, eps, quantize=dense
-            )
+                h, attention, layer.post_attention_norm, eps,
+                self.linear_codes if dense else self.moe_codes,
+            )  # fmt: skip
             mlp = self.all_reduce(self._mlp(layer.mlp, x, xq))
             if index + 1 < len(layers):  # the residual add fused with the next layer's norm
-                h, x, xq = self._add_norm_for_linears(h, mlp, layers[index + 1].input_norm, eps)
+                h, x, xq = self._add_norm_for_linears(
+                    h, mlp, layers[index + 1].input_norm, eps, self.linear_codes
+                )
             else:
                 h = h + mlp
         h = self._rms_norm(h[meta.logit_rows], self.weights.final_norm, eps)
@@ -364,6 +384,7 @@ class DeepseekV32:
             renormalize=c.norm_topk_prob,
             routed_scaling_factor=c.routed_scaling_factor,
         )
+        extra = {} if xq is None else {"quantized": xq}  # x's codes, when its norm made them
         return self.ops["moe.experts"](
             x,
             w.w13,
@@ -372,6 +393,7 @@ class DeepseekV32:
             route_weights,
             self.formats.expert_activation_mode,
             shared_experts=w.shared,
+            **extra,
         )
 
     # -- plain torch helpers --------------------------------------------------------------------
@@ -387,27 +409,26 @@ class DeepseekV32:
         return torch.cat(parts)
 
     def _norm_for_linears(self, x: torch.Tensor, weight: torch.Tensor, eps: float):
-        """``(rms_norm(x), its codes and scales or None)``: with norm_quantize one launch of
+        """``(rms_norm(x), its codes and scales or None)``: with ``linear_codes`` one launch of
         norm_quant.py's kernel writes both (the codes for the dense.linear_a8w8 calls that read
         the norm's output)."""
-        if not self.norm_quantize:
+        codes = self.linear_codes
+        if codes is None:
             return self._rms_norm(x, weight, eps), None
         from hwrun.kernels.triton.norm_quant import rms_norm_quantize
 
-        _, y, codes = rms_norm_quantize(x, weight, eps, self.norm_ue8m0, token_major_scales=True)
-        return y, codes
+        _, y, xq = rms_norm_quantize(x, weight, eps, codes.ue8m0, codes.token_major)
+        return y, xq
 
-    def _add_norm_for_linears(self, h, delta, weight, eps: float, quantize: bool = True):
-        """``_add_rms_norm``, and the norm's codes and scales as in ``_norm_for_linears`` (not
-        with ``quantize`` False: no a8w8 linear reads this norm's output)."""
-        if not (self.norm_quantize and quantize):
+    def _add_norm_for_linears(self, h, delta, weight, eps: float, codes: NormCodes | None):
+        """``_add_rms_norm``, and the norm's codes and scales in ``codes``' layout (None: no
+        a8w8 op reads this norm's output, no codes)."""
+        if codes is None:
             return *self._add_rms_norm(h, delta, weight, eps), None
         from hwrun.kernels.triton.norm_quant import rms_norm_quantize
 
-        h, y, codes = rms_norm_quantize(
-            h, weight, eps, self.norm_ue8m0, token_major_scales=True, delta=delta
-        )
-        return h, y, codes
+        h, y, xq = rms_norm_quantize(h, weight, eps, codes.ue8m0, codes.token_major, delta=delta)
+        return h, y, xq
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return self._rows(lambda rows: self.fn.rms_norm(rows, weight, eps), x)

@@ -122,8 +122,19 @@ def check_linear_a8w8_args(
     """:func:`check_linear_args` for ``dense.linear_a8w8``: block-FP8 weights, whole groups of
     128 columns; ``quantized``, when given, codes and scales of ``x``'s shape on its device."""
     check_linear_args(x, weight, "dense.linear_a8w8", A8W8_WEIGHT_FORMATS, whole_groups=True)
+    problems = quantized_input_problems(x, quantized)
+    if problems:
+        raise ValueError("dense.linear_a8w8: " + "; ".join(problems))
+
+
+def quantized_input_problems(
+    x: torch.Tensor, quantized: tuple[torch.Tensor, torch.Tensor] | None
+) -> list[str]:
+    """Why ``quantized`` cannot be ``x``'s codes ``[T, C]`` uint8 and scales ``[T, C / 128]``
+    fp32 on ``x``'s device (none when it is None): the check of ``dense.linear_a8w8``'s and
+    ``moe.experts``' ``quantized`` argument."""
     if quantized is None:
-        return
+        return []
     t, c = x.shape
     problems = []
     if not isinstance(quantized, tuple | list) or len(quantized) != 2:
@@ -145,8 +156,7 @@ def check_linear_a8w8_args(
                 )
             elif tensor.device != x.device:
                 problems.append(f"quantized {name} is on {tensor.device} but x on {x.device}")
-    if problems:
-        raise ValueError("dense.linear_a8w8: " + "; ".join(problems))
+    return problems
 
 
 def check_linear_args(

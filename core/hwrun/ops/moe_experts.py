@@ -23,6 +23,13 @@ Shared experts take bf16 activations, except under ``a8w8``: the MXFP4 checkpoin
 of the routed experts' quantization (ML4's keeps them in their original precision), while
 DeepSeek's FP8 checkpoints store them in block-FP8 like the routed ones and its inference code
 quantizes their inputs as it does every FP8 linear's; under ``a8w8`` they must be block-FP8 too.
+
+``quantized`` (optional, ``a8w8`` only): ``x``'s codes ``[T, D]`` uint8 and scales ``[T, D / 128]``
+fp32 exactly as ``quantize_fp8_groups(x, 128, ue8m0)`` gives them, made beforehand (the engine's
+norm kernel writes them beside its output), as ``dense.linear_a8w8`` takes them: an impl may
+read them instead of quantizing ``x`` again, for the routed and the shared experts alike. They
+are the caller's promise; the result is still defined by ``x`` (the reference quantizes ``x`` and
+reads only their shapes).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import torch.nn.functional as F
 
 from hwrun.formats.fp8 import dequantize_fp8_groups, quantize_fp8_groups
 from hwrun.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from hwrun.ops.linear import quantized_input_problems
 from hwrun.ops.quantized_weight import QuantizedWeight
 
 # Mode -> (weight formats it runs on, multiple the GEMM input widths D and I must be).
@@ -84,6 +92,7 @@ def experts(
     weights: torch.Tensor,  # [T, k] float32
     activation_mode: str = "bf16",
     shared_experts: tuple[QuantizedWeight, QuantizedWeight] | None = None,  # [2Is, D], [D, Is]
+    quantized: tuple[torch.Tensor, torch.Tensor] | None = None,  # a8w8: x's codes and scales
 ) -> torch.Tensor:  # [T, D] x.dtype
     """Routed experts weighted by ``weights``, plus the shared experts (see the module doc).
 
@@ -93,7 +102,7 @@ def experts(
     :raises ValueError: a shape that disagrees with ``w13``/``w2``, an id out of range, an
         unknown activation mode or one the weight format cannot run, naming what was expected.
     """
-    _check_experts_args(x, w13, w2, ids, weights, activation_mode, shared_experts)
+    _check_experts_args(x, w13, w2, ids, weights, activation_mode, shared_experts, quantized)
     num_tokens, hidden = x.shape
     out = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=x.device)
     ue8m0 = w13.format == "fp8_block128_ue8m0"
@@ -120,6 +129,7 @@ def _check_experts_args(
     weights: torch.Tensor,
     mode: str,
     shared: tuple[QuantizedWeight, QuantizedWeight] | None,
+    quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Every reason the call cannot run, raised at once."""
     labelled = {"w13": w13, "w2": w2}
@@ -154,6 +164,11 @@ def _check_experts_args(
                 f"w2 ({w2.name}) must be [E, D, I] = {[num_experts, hidden, inter]} to match "
                 f"w13 {list(w13.shape)} and x {list(x.shape)}, got {list(w2.shape)}"
             )
+    if quantized is not None and mode != "a8w8":
+        problems.append(
+            f"quantized (x's e4m3 codes and scales) is an a8w8 input; activation_mode is {mode!r}"
+        )
+    problems += quantized_input_problems(x, quantized)
     if ids.dim() != 2 or ids.shape[0] != num_tokens or ids.is_floating_point():
         problems.append(
             f"ids must be an integer tensor [T, k] with T = {num_tokens}, got "

@@ -66,6 +66,7 @@ def experts(
     weights: torch.Tensor,  # [T, k] float32
     activation_mode: str = "bf16",
     shared_experts: tuple[QuantizedWeight, QuantizedWeight] | None = None,
+    quantized: tuple[torch.Tensor, torch.Tensor] | None = None,  # a8w8 only: never valid here
 ) -> torch.Tensor:  # [T, D] x.dtype
     import aiter
 
@@ -81,6 +82,8 @@ def experts(
         problems.append(
             "shared experts are not run by this adapter (they are bf16 in the checkpoints)"
         )
+    if quantized is not None:
+        problems.append("quantized (e4m3 codes) is an a8w8 input; this adapter runs a4w4")
     if problems:
         raise ValueError("moe.experts (aiter): " + "; ".join(problems))
     fused_moe = aiter_function("aiter.fused_moe:fused_moe")

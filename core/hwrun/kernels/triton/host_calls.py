@@ -123,10 +123,11 @@ def experts(
     weights: torch.Tensor,  # [T, k] float32
     activation_mode: str = "bf16",
     shared_experts: tuple[QuantizedWeight, QuantizedWeight] | None = None,
+    quantized: tuple[torch.Tensor, torch.Tensor] | None = None,  # a8w8: x's codes and scales
 ) -> torch.Tensor:  # [T, D] x.dtype
     from hwrun.kernels.triton.moe import experts
 
-    return experts(x, w13, w2, ids, weights, activation_mode, shared_experts)
+    return experts(x, w13, w2, ids, weights, activation_mode, shared_experts, quantized)
 
 
 def linear(

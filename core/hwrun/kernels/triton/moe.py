@@ -313,6 +313,7 @@ def _swiglu_grouped(
     top_k: int,
     tiles: TileConfig,
     a8w8: bool = False,  # e4m3 activations (the module doc); tiles 128 wide and deep
+    xq: tuple[torch.Tensor, torch.Tensor] | None = None,  # a8w8: x's codes, scales (row-major)
 ) -> torch.Tensor:  # [slots, D] float32, rows of unserved slots unwritten
     hidden = x.shape[1]
     inter = w13.shape[-2] // 2
@@ -329,7 +330,7 @@ def _swiglu_grouped(
     ue8m0 = w13.format == "fp8_block128_ue8m0"
     wide = wide_dtype()
     if a8w8:
-        x, x_scales = quantize_activations(x, ue8m0)
+        x, x_scales = xq
         h = torch.empty(rows, inter, dtype=torch.uint8, device=x.device)
         h_scales = torch.empty(rows, h_tiles, dtype=torch.float32, device=x.device)
         if wide == tl.bfloat16:  # compiled: e4m3 on the matrix units (fp32 in the interpreter)
@@ -459,14 +460,17 @@ def experts(
     weights: torch.Tensor,  # [T, k] float32
     activation_mode: str = "bf16",
     shared_experts: tuple[QuantizedWeight, QuantizedWeight] | None = None,  # [2Is, D], [D, Is]
+    quantized: tuple[torch.Tensor, torch.Tensor] | None = None,  # a8w8: x's codes and scales
     tiles: TileConfig | None = None,
 ) -> torch.Tensor:  # [T, D] x.dtype
     """The contract of ``hwrun.ops.moe_experts.experts`` through the grouped kernels.
 
     On CPU tensors (the interpreter) every argument is checked as the reference checks it; on
     a GPU only the shapes are (checking id values would synchronise the host), and an id
-    outside -1..E-1 contributes nothing.
+    outside -1..E-1 contributes nothing. ``quantized`` (a8w8) is read in place of quantizing
+    ``x``: by the routed and the shared experts' gate/up products.
     """
+    from hwrun.ops.linear import quantized_input_problems
     from hwrun.ops.moe_experts import _check_experts_args
 
     if x.is_cuda:
@@ -480,8 +484,16 @@ def experts(
                 f"moe.experts: w13 must be [E, 2I, D] and w2 [E, D, I] with D = {x.shape[1]}, "
                 f"got {list(w13.shape)} and {list(w2.shape)}"
             )
+        problems = quantized_input_problems(x, quantized)
+        if quantized is not None and activation_mode != "a8w8":
+            problems.append(
+                f"quantized (x's e4m3 codes and scales) is an a8w8 input; activation_mode is "
+                f"{activation_mode!r}"
+            )
+        if problems:
+            raise ValueError("moe.experts: " + "; ".join(problems))
     else:
-        _check_experts_args(x, w13, w2, ids, weights, activation_mode, shared_experts)
+        _check_experts_args(x, w13, w2, ids, weights, activation_mode, shared_experts, quantized)
     tokens, hidden = x.shape
     top_k = ids.shape[1]
     num_experts = w13.shape[0]
@@ -505,16 +517,23 @@ def experts(
     fuse = shared_experts is not None and _can_fuse_shared(w13, w2, shared_experts)
     layout = align_by_expert(ids, num_experts, tiles.block_m, with_shared=fuse)
     shared_group = shared_experts if fuse else None
+    # a8w8: x's codes and scales made once (or handed over) for every gate/up product below
+    xq = None
+    if a8w8:
+        xq = quantize_activations(xb, w13.format == "fp8_block128_ue8m0")
+        if quantized is not None:  # the kernels read both row-major and contiguous
+            xq = (quantized[0].contiguous(), quantized[1].contiguous())
     routed = _swiglu_grouped(
-        xb, w13, w2, shared_group, layout, route, slots + tokens * fuse, top_k, tiles, a8w8
+        xb, w13, w2, shared_group, layout, route, slots + tokens * fuse, top_k, tiles, a8w8, xq
     )
     shared = routed[slots:] if fuse else routed  # routed: any float32 rows when unused
     if shared_experts is not None and not fuse:  # its own launch, as the only group
         shared_w13, shared_w2 = shared_experts
         only_shared = align_by_expert(ids[:, :0], 0, tiles.block_m, with_shared=True)
         shared = _swiglu_grouped(
-            xb, shared_w13, shared_w2, shared_experts, only_shared, route, tokens, 1, tiles, a8w8
-        )
+            xb, shared_w13, shared_w2, shared_experts, only_shared, route, tokens, 1, tiles, a8w8,
+            xq,
+        )  # fmt: skip
     block_d = min(1024, triton.next_power_of_2(hidden))
     _combine_kernel[(tokens, triton.cdiv(hidden, block_d))](
         routed,
