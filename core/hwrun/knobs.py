@@ -46,8 +46,10 @@ KNOBS: dict[str, str] = {
     "an a8w8 op write the e4m3 codes and scales of their output in the same launch (one Triton "
     "kernel instead of the compiled norm and the op's quantizer): with fp8 linear activations "
     "each layer's input norm, q-LoRA's, and the post-attention norm ahead of a dense MLP "
-    "(dense.linear_a8w8); with fp8 expert activations the post-attention norm ahead of an MoE "
-    "(moe.experts). 0 or unset (default): off, until an H200 run has timed it. Any other "
+    "(dense.linear_a8w8), and the per-head W_UV product ahead of o_proj (one Triton launch "
+    "in place of cuBLAS's and the quantizer's); with fp8 expert activations the post-attention "
+    "norm ahead of an MoE (moe.experts). 0 or unset (default): off, until an H200 run has "
+    "timed it. Any other "
     "value is refused. Not in batch-invariant mode.",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
     "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "

@@ -31,6 +31,7 @@ INTERPRETER_MODULES = {
     "test_window_fill.py",
     "test_fp32_out_gemm.py",
     "test_norm_quant.py",
+    "test_head_quant.py",
 }
 
 

@@ -173,8 +173,23 @@ SEGMAX_ARGS = {
 }
 SEGMAX_DECODE = {"M": 8192, "SLACK": 128, "LEVELS": 5, "BLOCK": 4096}
 SEGMAX_FOLDED = {**SEGMAX_DECODE, **THRESHOLD_DECODE, "FOLD": True, "EARLY": True}
+# the W_UV product that quantizes o_proj's input: the bench model's 64 heads over the latent
+HEAD_QUANT_ARGS = {
+    "x_ptr": "*bf16",
+    "w_ptr": "*bf16",
+    "values_ptr": "*bf16",
+    "codes_ptr": "*u8",
+    "scales_ptr": "*fp32",
+    **dict.fromkeys(("T", "H"), "i32"),
+    **dict.fromkeys(("stride_xt", "stride_xh", "stride_wh", "stride_wv"), "i64"),
+    **dict.fromkeys(("stride_s_row", "stride_s_group"), "i64"),
+}
+HEAD_QUANT = {"A": 512, "V": 128, "BLOCK_T": 64, "BLOCK_A": 128, "UE8M0": False, "WIDE": "bf16"}
 # kernel -> (signature, constexprs)
 VARIANTS = {
+    "headq_decode": (HEAD_QUANT_ARGS, HEAD_QUANT),
+    "headq_one_row": (HEAD_QUANT_ARGS, {**HEAD_QUANT, "BLOCK_T": 16}),
+    "headq_one_row_pdl": (HEAD_QUANT_ARGS, {**HEAD_QUANT, "BLOCK_T": 16, "PDL": True}),
     "segmax_plain": (SEGMAX_ARGS, SEGMAX_DECODE),
     "segmax_folded": (SEGMAX_ARGS, SEGMAX_FOLDED),
     "segmax_folded_pdl": (SEGMAX_ARGS, {**SEGMAX_FOLDED, "PDL": True}),
@@ -336,6 +351,8 @@ for _name, (_base, _extra) in PDL_VARIANTS.items():
 # Triton's default is 4 warps; sparse MLA decode launches 8, and so do the top-k's
 # one-program-per-row kernels by default (select_warps).
 NUM_WARPS = {
+    "headq_decode": 8,
+    "headq_one_row": 8,
     "segmax_plain": 8,
     "segmax_folded": 8,
     "threshold_radix": 8,
@@ -359,6 +376,7 @@ def _compile(variant: str) -> int:
 
     from hwrun.kernels.triton import index_key_tiles
     from hwrun.kernels.triton.fp32_out_gemm import _fp32_out_mm_kernel
+    from hwrun.kernels.triton.head_quant import _head_quantize_kernel
     from hwrun.kernels.triton.indexer_logits import (
         _paged_logits_kernel,
         _persistent_paged_logits_kernel,
@@ -374,6 +392,7 @@ def _compile(variant: str) -> int:
 
     kernel = {
         "segmax": _segment_max,
+        "headq": _head_quantize_kernel,
         "threshold": _threshold,
         "select": select_candidates,
         "compact": _compact_live,

@@ -705,3 +705,28 @@ def test_route_and_to_slots_are_one_launch_each_and_replay_in_a_cuda_graph():
     assert torch.equal(ids, want_ids)
     torch.testing.assert_close(weights, want_weights, atol=1e-5, rtol=1e-5)
     assert torch.equal(slots, ref_slots(positions, table, 64))
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 64, 300])
+def test_head_products_quantize_at_the_bench_models_heads(tokens):
+    """The W_UV product that writes o_proj's codes, compiled: 64 heads over the 512-column
+    latent as the engine calls it (the attention output seen through its [T, H, 512] strides);
+    values within a bf16 unit of torch's batched GEMM, codes and scales byte-exact to the
+    values' quantization, in DeepGEMM's scale layout, and as a graph replay."""
+    from hwrun.formats.fp8 import quantize_fp8_groups
+    from hwrun.kernels.triton.head_quant import head_products_quantize
+
+    x = torch.randn(tokens, 64, 512, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(64, 128, 512, device="cuda") * 0.05).to(torch.bfloat16)
+    values, (codes, scales) = head_products_quantize(x, w, token_major_scales=True)
+    want = torch.bmm(x.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1).reshape(tokens, -1)
+    assert relative_error(values, want) < 2**-8
+    want_codes, want_scales = quantize_fp8_groups(values.float(), 128)
+    assert torch.equal(codes, want_codes) and torch.equal(scales, want_scales)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed, (replayed_codes, _) = head_products_quantize(x, w, token_major_scales=True)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    eager, (eager_codes, _) = head_products_quantize(x, w, token_major_scales=True)
+    assert torch.equal(replayed, eager) and torch.equal(replayed_codes, eager_codes)

@@ -158,6 +158,8 @@ class DeepseekV32:
         if norm_quantize and formats.expert_activation_mode == "a8w8":
             ue8m0 = formats.expert_format == "fp8_block128_ue8m0"
             self.moe_codes = NormCodes(token_major=False, ue8m0=ue8m0)
+        # and o_proj's input, one 128-column group a head, by the per-head W_UV product
+        self.head_codes = self.linear_codes if config.v_head_dim == 128 else None
         self.norm_quantize = self.linear_codes is not None or self.moe_codes is not None
 
     @torch.inference_mode()
@@ -252,6 +254,12 @@ class DeepseekV32:
                 out[d.rows] = self._decode_attention(
                     index, q_mla[d.rows], q_index[d.rows], index_weights[d.rows], d
                 )
+        if self.head_codes is not None:  # the W_UV product writes o_proj's codes too
+            from hwrun.kernels.triton.head_quant import head_products_quantize
+
+            codes = self.head_codes
+            values, vq = head_products_quantize(out, w.w_uv, codes.ue8m0, codes.token_major)
+            return w.o_proj(values, self.row_by_row, vq)
         values = out.new_empty(tokens, c.num_heads, w.w_uv.shape[1])  # [T, H, v], o_proj's rows
         self._per_head(out, w.w_uv, transpose=True, out=values)
         return w.o_proj(values.view(tokens, -1), self.row_by_row)
