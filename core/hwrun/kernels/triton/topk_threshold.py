@@ -167,28 +167,15 @@ def _threshold(
     )  # fmt: skip
 
 
+# fmt: off
 @triton.jit
 def _row_threshold(
-    row,
-    starts_ptr,
-    ends_ptr,
-    max_ptr,
-    thresh_ptr,
-    count_ptr,
-    live_ptr,
-    nlive_ptr,
-    L,
-    k,
-    M: tl.constexpr,
-    SLACK: tl.constexpr,
-    LEVELS: tl.constexpr,
-    BITS: tl.constexpr,
-    LIST: tl.constexpr,
-    PAIRS: tl.constexpr,
-    RADIX: tl.constexpr,
-    EARLY: tl.constexpr,
-    RADIX_BITS: tl.constexpr,
+    row, starts_ptr, ends_ptr, max_ptr, thresh_ptr, count_ptr, live_ptr, nlive_ptr, L, k,
+    M: tl.constexpr, SLACK: tl.constexpr, LEVELS: tl.constexpr,  # _threshold's, as there
+    BITS: tl.constexpr, LIST: tl.constexpr, PAIRS: tl.constexpr, RADIX: tl.constexpr,
+    EARLY: tl.constexpr, RADIX_BITS: tl.constexpr,
 ):
+    # fmt: on
     """Row ``row``'s T (and with LIST its live segments) from its stored segment maxima: the
     body of _threshold, and of _segment_max's last program of a row under FOLD."""
     start, end = window(starts_ptr, ends_ptr, row, L)
