@@ -32,6 +32,7 @@ INTERPRETER_MODULES = {
     "test_fp32_out_gemm.py",
     "test_norm_quant.py",
     "test_head_quant.py",
+    "test_unpack_ptx.py",
 }
 
 

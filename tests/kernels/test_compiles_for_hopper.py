@@ -220,6 +220,8 @@ VARIANTS = {
     # mxfp4 keys with the groups folded into one product, through the PTX unpack (the CPU
     # interpreter runs the arithmetic one): the engine's decode shape, 64 heads, fp8 queries.
     "paged_mxfp4_folded": (SPLIT, {**DECODE, "ELEM_BYTES": 64, "FMT": 1, "FOLD": True}),
+    # the four group products (the mxfp4 default)
+    "paged_mxfp4": (SPLIT, {**DECODE, "ELEM_BYTES": 64, "FMT": 1}),
     # fp8 pages through a tensor descriptor (TMA), on either grid; the persistent grid over
     # mxfp4 keys and over fp8 keys read through pointers.
     "paged_fp8_tma": (SPLIT, {**DECODE, "TMA": True}),
