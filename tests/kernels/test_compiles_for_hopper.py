@@ -193,6 +193,7 @@ VARIANTS = {
     "segmax_plain": (SEGMAX_ARGS, SEGMAX_DECODE),
     "segmax_folded": (SEGMAX_ARGS, SEGMAX_FOLDED),
     "segmax_folded_pdl": (SEGMAX_ARGS, {**SEGMAX_FOLDED, "PDL": True}),
+    "segmax_folded_16_warps": (SEGMAX_ARGS, SEGMAX_FOLDED),
     "threshold_one_bit": (THRESHOLD_ARGS, {**THRESHOLD_DECODE, "PAIRS": False}),
     "threshold_two_bits": (THRESHOLD_ARGS, {**THRESHOLD_DECODE, "PAIRS": True}),
     # 8 bits a round: the histograms' masks, the reversed scan and the three-way reduction
@@ -353,6 +354,7 @@ for _name, (_base, _extra) in PDL_VARIANTS.items():
 # Triton's default is 4 warps; sparse MLA decode launches 8, and so do the top-k's
 # one-program-per-row kernels by default (select_warps).
 NUM_WARPS = {
+    "segmax_folded_16_warps": 16,
     "headq_decode": 8,
     "headq_one_row": 8,
     "segmax_plain": 8,

@@ -428,8 +428,10 @@ SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
         # newest first (a sweep's time budget may cut the tail)
         {"fold_threshold": True},
         # the folded search holds 105 registers a thread against the plain maxima's 58 (ptxas,
-        # sm_90): 2 programs an SM, not 4; half the programs with 8192-column tiles
+        # sm_90): 2 programs an SM, not 4; half the programs with 8192-column tiles; at 16
+        # warps 83 registers (one program an SM, the same 16 warps)
         {"fold_threshold": True, "block": 8192},
+        {"fold_threshold": True, "num_warps": 16},
         {"radix_search": True, "radix_bits": 4},
         {"radix_search": True, "radix_bits": 4, "capacity": 4096},
         {"radix_search": True, "radix_bits": 4, "select_warps": 4},
