@@ -59,7 +59,8 @@ CONTRACTS: list[OpContract] = [
     OpContract(
         name="moe.experts",
         summary="x [T,D], quantized w13 [E,2I,D] and w2 [E,D,I], ids/weights [T,k] -> [T,D]: "
-        "sum_k w_k * W2_e(silu(gate)*up) + shared experts; bf16/a8w4/a4w4 activations",
+        "sum_k w_k * W2_e(silu(gate)*up) + shared experts; bf16/a8w4/a4w4/a8w8 activations "
+        "(a8w8: x's codes may be handed over, quantized=)",
         reference=experts,
         # The ROCm FP8-requant path's default: MXFP4 experts with fp8 activations.
         default_spec=OpSpec(op="moe.experts", dtype="bfloat16", formats=("mxfp4", "a8w4"), topk=8),
