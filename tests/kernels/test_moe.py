@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from hwrun.kernels.triton import moe
 from hwrun.kernels.triton.moe import TileConfig, experts
 from hwrun.kernels.triton.moe_align import align_by_expert
 from hwrun.ops.moe_experts import experts as reference
@@ -273,8 +274,12 @@ def test_a8w8_matches_the_reference(fmt, shared_inter, splits, tma, host):
     assert (got.float() - want.float()).norm() * 4 < (got.float() - bf16.float()).norm()
 
 
+def _never_called(*args, **kwargs):
+    raise AssertionError("x quantized again though its codes were handed over")
+
+
 @pytest.mark.parametrize("shared_inter", [128, 256], ids=["shared_as_group", "shared_apart"])
-def test_a8w8_reads_handed_over_codes(shared_inter):
+def test_a8w8_reads_handed_over_codes(monkeypatch, shared_inter):
     """``quantized`` (x's codes and scales, as the engine's norm writes them) is what the
     kernels read, for the routed and the shared experts: codes equal to the kernel's own give
     the same bits, and other scales give another input's output (so they are read, not
@@ -287,9 +292,14 @@ def test_a8w8_reads_handed_over_codes(shared_inter):
     args["ids"][2, :] = -1  # only the shared experts
     want = experts(**args, activation_mode="a8w8", tiles=A8W8_TILES)
     codes, scales = quantize_activations(args["x"], False)
-    for given in (scales, quantize_activations(args["x"], False, token_major_scales=True)[1]):
-        got = experts(**args, activation_mode="a8w8", tiles=A8W8_TILES, quantized=(codes, given))
-        assert torch.equal(got, want)
+    token_major = quantize_activations(args["x"], False, token_major_scales=True)[1]
+    with monkeypatch.context() as patch:  # given codes, x is never quantized again
+        patch.setattr(moe, "quantize_activations", _never_called)
+        for given in (scales, token_major):
+            got = experts(
+                **args, activation_mode="a8w8", tiles=A8W8_TILES, quantized=(codes, given)
+            )
+            assert torch.equal(got, want)
     # halved scales are x / 2's (the same codes; no group near the 1e-4 amax floor): the
     # kernels compute x / 2's experts from them, not x's
     halved = experts(

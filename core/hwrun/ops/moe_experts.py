@@ -121,6 +121,19 @@ def experts(
     return out.to(x.dtype)
 
 
+def quantized_problems(
+    x: torch.Tensor, mode: str, quantized: tuple[torch.Tensor, torch.Tensor] | None
+) -> list[str]:
+    """Why ``quantized`` cannot be x's codes and scales for ``mode`` (none when it is None):
+    an a8w8 input, of x's shape (``dense.linear_a8w8``'s rule)."""
+    problems = quantized_input_problems(x, quantized)
+    if quantized is not None and mode != "a8w8":
+        problems.append(
+            f"quantized (x's e4m3 codes and scales) is an a8w8 input; activation_mode is {mode!r}"
+        )
+    return problems
+
+
 def _check_experts_args(
     x: torch.Tensor,
     w13: QuantizedWeight,
@@ -164,11 +177,7 @@ def _check_experts_args(
                 f"w2 ({w2.name}) must be [E, D, I] = {[num_experts, hidden, inter]} to match "
                 f"w13 {list(w13.shape)} and x {list(x.shape)}, got {list(w2.shape)}"
             )
-    if quantized is not None and mode != "a8w8":
-        problems.append(
-            f"quantized (x's e4m3 codes and scales) is an a8w8 input; activation_mode is {mode!r}"
-        )
-    problems += quantized_input_problems(x, quantized)
+    problems += quantized_problems(x, mode, quantized)
     if ids.dim() != 2 or ids.shape[0] != num_tokens or ids.is_floating_point():
         problems.append(
             f"ids must be an integer tensor [T, k] with T = {num_tokens}, got "

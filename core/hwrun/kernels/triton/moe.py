@@ -470,8 +470,7 @@ def experts(
     outside -1..E-1 contributes nothing. ``quantized`` (a8w8) is read in place of quantizing
     ``x``: by the routed and the shared experts' gate/up products.
     """
-    from hwrun.ops.linear import quantized_input_problems
-    from hwrun.ops.moe_experts import _check_experts_args
+    from hwrun.ops.moe_experts import _check_experts_args, quantized_problems
 
     if x.is_cuda:
         if x.dim() != 2 or ids.shape != weights.shape or ids.shape[0] != x.shape[0]:
@@ -484,12 +483,7 @@ def experts(
                 f"moe.experts: w13 must be [E, 2I, D] and w2 [E, D, I] with D = {x.shape[1]}, "
                 f"got {list(w13.shape)} and {list(w2.shape)}"
             )
-        problems = quantized_input_problems(x, quantized)
-        if quantized is not None and activation_mode != "a8w8":
-            problems.append(
-                f"quantized (x's e4m3 codes and scales) is an a8w8 input; activation_mode is "
-                f"{activation_mode!r}"
-            )
+        problems = quantized_problems(x, activation_mode, quantized)
         if problems:
             raise ValueError("moe.experts: " + "; ".join(problems))
     else:
@@ -519,10 +513,10 @@ def experts(
     shared_group = shared_experts if fuse else None
     # a8w8: x's codes and scales made once (or handed over) for every gate/up product below
     xq = None
-    if a8w8:
+    if a8w8 and quantized is not None:  # the kernels read both row-major and contiguous
+        xq = (quantized[0].contiguous(), quantized[1].contiguous())
+    elif a8w8:
         xq = quantize_activations(xb, w13.format == "fp8_block128_ue8m0")
-        if quantized is not None:  # the kernels read both row-major and contiguous
-            xq = (quantized[0].contiguous(), quantized[1].contiguous())
     routed = _swiglu_grouped(
         xb, w13, w2, shared_group, layout, route, slots + tokens * fuse, top_k, tiles, a8w8, xq
     )
