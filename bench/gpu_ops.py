@@ -44,6 +44,11 @@ from hwrun.ops import kv_write as ref_kv
 
 HAS_DEEPGEMM = importlib.util.find_spec("deep_gemm") is not None
 HAS_FLASHMLA = importlib.util.find_spec("flash_mla") is not None
+HAS_GLUON = (
+    importlib.util.find_spec("triton.experimental.gluon") is not None
+    and torch.cuda.is_available()
+    and torch.cuda.get_device_capability()[0] == 9
+)
 
 
 def _tune(name, run, configs, log):
@@ -125,9 +130,44 @@ def indexer_rows(ceil, tune, log):
                     f"cfg {cfg}" if cfg else "",
                 )
             )
+            if fmt == "mxfp4" and HAS_GLUON:
+                rows.append(gluon_paged_row(run, cache, table, q, w, lens, ctx, batch, heads, tune,
+                                            ceil.floor_us(nbytes), peers, log))  # fmt: skip
             del cache, table
             torch.cuda.empty_cache()
     return rows
+
+
+def gluon_paged_row(
+    triton_run, cache, table, q, w, lens, ctx, batch, heads, tune, floor, peers, log
+):
+    """The Gluon mxfp4 kernel (hwrun_nvidia.gluon_paged_logits) on the same inputs, its
+    relative error against the Triton kernel's output in the notes."""
+    from hwrun_nvidia import gluon_paged_logits
+
+    def run(**cfg):
+        return gluon_paged_logits.logits_paged(q, w, cache, table, lens, ctx, **cfg)
+
+    cfg = {}
+    if tune:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        splits = [None] if batch == 1 else [None, 2 * sms // batch, 4 * sms // batch]
+        grid = [{"splits": sp, "stages": st} for sp in splits for st in (2, 3, 4, 6, 8)]
+        cfg = _tune(f"gluon logits_paged mxfp4 B={batch}", run, grid, log)
+    got, want = run(**cfg), triton_run()
+    finite = torch.isfinite(want)
+    err = ((got[finite] - want[finite]).norm() / want[finite].norm()).item()
+    same_inf = torch.equal(torch.isfinite(got), finite)
+    return Row(
+        "indexer.logits_paged",
+        f"B={batch} ctx={ctx} H={heads} mxfp4 keys, fp8 q",
+        "gluon",
+        bench(lambda: run(**cfg)),
+        floor,
+        peers,
+        f"vs triton: rel err {err:.1e}, -inf positions {'equal' if same_inf else 'DIFFER'}"
+        + (f"; cfg {cfg}" if cfg else ""),
+    )
 
 
 def get_bpt(fmt):

@@ -51,6 +51,10 @@ KNOBS: dict[str, str] = {
     "norm ahead of an MoE (moe.experts). 0 or unset (default): off, until an H200 run has "
     "timed it. Any other "
     "value is refused. Not in batch-invariant mode.",
+    "HWRUN_GLUON": "1 (also true, yes, on): on NVIDIA Hopper (sm_90), the NVIDIA plugin's "
+    "Gluon kernels serve the ops they cover, above the Triton tier (today indexer.logits_paged "
+    "over mxfp4 index keys with fp8 queries). 0 or unset (default): off, until an H200 run has "
+    "checked them against the reference. Any other value is refused.",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
     "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "
     "(slow: for CI and debugging; vendor-library adapters still need their device). Triton reads "
@@ -135,6 +139,10 @@ def triton_pdl() -> bool:
 
 def norm_quantize() -> bool:
     return _strict_flag("HWRUN_NORM_QUANTIZE", False)
+
+
+def gluon_kernels() -> bool:
+    return _strict_flag("HWRUN_GLUON", False)
 
 
 def triton_interpret() -> bool:

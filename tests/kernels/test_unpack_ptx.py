@@ -111,3 +111,19 @@ def test_lowered_unpack_scales_each_code_by_the_groups_power_of_two(shift):
     elements = _e4m3_of_e2m1(_elements(words), shift).reshape(len(words), 4, 2)
     assert np.array_equal(_bytes(out[0]), elements[:, :, 0])
     assert np.array_equal(_bytes(out[1]), elements[:, :, 1])
+
+
+@pytest.mark.parametrize("shift", range(tiles.MAX_FOLD.value + 1))
+def test_natural_order_unpack_of_the_gluon_kernel(shift):
+    """hwrun_nvidia.gluon_paged_logits' unpack: 4 packed bytes to the e4m3 codes of their 8
+    elements in element order (elements 0-3, then 4-7), with the tables lowered as the kernel
+    lowers them for a group ``shift`` below the key's largest."""
+    gluon_logits = pytest.importorskip("hwrun_nvidia.gluon_paged_logits")
+    words = _words()
+    z = 0x08080808 * shift
+    low = np.full_like(words, (gluon_logits.TABLE_LOW.value - (z & 0xFFFFFF00)) & 0xFFFFFFFF)
+    high = np.full_like(words, (gluon_logits.TABLE_HIGH.value - z) & 0xFFFFFFFF)
+    out = _run_ptx(gluon_logits.UNPACK_NATURAL_ASM.value, {2: words, 3: low, 4: high})
+    elements = _e4m3_of_e2m1(_elements(words), shift)
+    assert np.array_equal(_bytes(out[0]), elements[:, :4])
+    assert np.array_equal(_bytes(out[1]), elements[:, 4:])

@@ -1,6 +1,6 @@
 """Hooks of the NVIDIA platform: the portable Triton tier (core's kernels, Hopper defaults)
 under the DeepGEMM and FlashMLA adapters (:mod:`hwrun_nvidia.deepgemm`, :mod:`.deepgemm_linear`,
-:mod:`.flashmla`).
+:mod:`.flashmla`) and, with ``HWRUN_GLUON=1``, the Gluon kernels (:mod:`hwrun_nvidia.gluon`).
 
 Priorities: a vendor adapter (when its library imports and the spec suits it) 20, Triton 10
 (to_slots and moe.route included, one launch each), the graph-safe torch impls of to_slots and
@@ -22,7 +22,7 @@ from hwrun.platform import Capabilities, PlatformInfo
 from hwrun.platform_hooks import platform_hooks
 from hwrun.registry import OpRegistry
 from hwrun.target import Target
-from hwrun_nvidia import deepgemm, deepgemm_linear, flashmla
+from hwrun_nvidia import deepgemm, deepgemm_linear, flashmla, gluon
 from hwrun_nvidia.device_checks import TUNED_FOR, triton_device_reasons
 from hwrun_nvidia.serve_recipe import hwrun_serve_recipe, hwrun_validate_deployment  # noqa: F401 (hooks)
 
@@ -86,6 +86,7 @@ def hwrun_register_ops(registry: OpRegistry) -> None:
     deepgemm.register(registry)
     deepgemm_linear.register(registry)
     flashmla.register(registry)
+    gluon.register(registry)  # behind HWRUN_GLUON
 
 
 @hookimpl

@@ -1,0 +1,70 @@
+"""The NVIDIA plugin's Gluon kernels (Hopper, sm_90), behind ``HWRUN_GLUON`` until an H200 run
+has checked them: today ``indexer.logits_paged`` over mxfp4 index keys
+(:mod:`hwrun_nvidia.gluon_paged_logits`), a call it does not cover (more than one query row a
+request, fp8 keys, other queries) going to the Triton kernel.
+
+Gluon ships with Triton (3.6 on the H200); its kernels are imported at the first call. They
+use the warpgroup MMA, which only sm_90 has (Blackwell's tensor cores take other instructions).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hwrun import knobs
+from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_reasons
+from hwrun_nvidia.device_checks import cuda_reasons, importable
+
+
+def _validate(spec: OpSpec) -> list[str]:
+    reasons = []
+    if not knobs.gluon_kernels():
+        reasons.append(
+            "HWRUN_GLUON is off: the Gluon kernels are not yet validated on hardware (set "
+            "HWRUN_GLUON=1 to use them)"
+        )
+    if not importable("triton.experimental.gluon"):
+        reasons.append("this Triton has no Gluon (it ships with Triton 3.5 and later)")
+    reasons += cuda_reasons(spec, min_sm=90)
+    if spec.arch is not None and not spec.arch.startswith("sm_90"):
+        reasons.append(f"the warpgroup MMA is sm_90's only, the device is {spec.arch}")
+    reasons += format_reasons(spec, ("mxfp4",), "index-key")
+    reasons += dtype_reasons(spec, ("float8_e4m3fn",), "query")
+    if spec.head_dim not in (None, 128):
+        reasons.append(f"it needs head_dim 128, got {spec.head_dim}")
+    if spec.block_size not in (None, 64):
+        reasons.append(f"it reads 64-token pages, got {spec.block_size}")
+    return reasons
+
+
+def logits_paged(
+    q: torch.Tensor,  # [B, n, H, 128] float8_e4m3fn
+    weights: torch.Tensor,  # [B * n, H] float32
+    cache: torch.Tensor,  # [num_blocks, 64 * 68] uint8
+    fmt: str,
+    block_table: torch.Tensor,  # [B, max_blocks] int32
+    context_lens: torch.Tensor,  # [B, n] int32
+    max_ctx: int,
+) -> torch.Tensor:  # [B * n, max_ctx] float32, -inf past each row's length
+    from hwrun_nvidia import gluon_paged_logits
+
+    if gluon_paged_logits.shape_reasons(q, cache, fmt):
+        from hwrun.kernels.triton.indexer_logits import logits_paged as triton_logits_paged
+
+        return triton_logits_paged(q, weights, cache, fmt, block_table, context_lens, max_ctx)
+    return gluon_paged_logits.logits_paged(q, weights, cache, block_table, context_lens, max_ctx)
+
+
+def register(registry: OpRegistry) -> None:
+    registry.register(
+        OpImpl(
+            op="indexer.logits_paged",
+            name="gluon",
+            platform=registry.platform,
+            fn=logits_paged,
+            graph_safe=True,  # no host reads, allocations by shape only
+            validate=_validate,
+            priority=20,
+            description="Gluon (sm_90) mxfp4-key paged logits: one K=128 fp8 MMA a page",
+        )
+    )

@@ -1,0 +1,355 @@
+"""indexer.logits_paged over mxfp4 index keys as a Gluon kernel for Hopper (sm_90).
+
+The Triton kernel (hwrun.kernels.triton.indexer_logits) reads an mxfp4 page at 2.25x DeepGEMM's
+fp8 time on the H200 although it holds half the bytes: the packed keys load one byte a thread
+and pass through shared memory byte by byte (66 ``STS.U8`` a page) to the layout its unpack
+feeds the tensor cores, a layout Triton chooses and we cannot. Here every layout is written
+out, so a page costs, per thread: two 16-byte loads of packed keys, 13 instructions per 4
+packed bytes to unpack them in element order, four 16-byte shared stores of the e4m3 codes,
+and one warpgroup MMA of 64 tokens x the heads x K=128 reading the codes and the queries from
+shared memory.
+
+Each key's four e8m0 group exponents are folded into its codes: a group 2^-d below the key's
+largest has its e4m3 exponent field lowered by d (exact while d <= 5, index_key_tiles'
+MAX_FOLD), so the page is one K=128 product and the key's largest power of two scales its
+head sum once (relu commutes with a positive scale). A page holding a key whose groups span
+more than that takes four products instead, one per group, each scaled by its power of two.
+
+Not validated on hardware yet: the kernel compiles for sm_90 here (tests/kernels/
+test_compiles_for_hopper.py), its unpack is checked by tests/kernels/test_unpack_ptx.py, and
+``plugins/nvidia/tests/test_gluon_gpu.py`` compares it with the reference on the H200.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+BLOCK_SIZE = gl.constexpr(64)  # tokens a page: one MMA's 64 rows
+ELEM_BYTES = gl.constexpr(64)  # packed e2m1 bytes a key
+HEAD_DIM = gl.constexpr(128)
+MAX_FOLD = gl.constexpr(5)  # as index_key_tiles.MAX_FOLD
+MAX_HEADS = 128  # an fp32 accumulator of 64 x 128 is 64 registers a thread
+
+# $2: 4 packed bytes (e2m1 nibbles, element 2i low); $3 / $4: the e4m3 codes of the eight
+# e2m1 magnitudes (0, 0.5, 1, 1.5 / 2, 3, 4, 6), lowered by the group's fold; $0 / $1: the
+# e4m3 codes of elements 0-3 / 4-7 in element order. A nibble's magnitude bits are directly
+# prmt's selector; the sign picks, per byte, between the table's code and its negative.
+UNPACK_NATURAL_ASM = gl.constexpr("""
+{
+.reg .b32 s, m, n, na, nb;
+or.b32 na, $3, 0x80808080;
+or.b32 nb, $4, 0x80808080;
+and.b32 s, $2, 0x7777;
+prmt.b32 m, $3, $4, s;
+prmt.b32 n, na, nb, s;
+shr.u32 s, $2, 1;
+and.b32 s, s, 0x4444;
+or.b32 s, s, 0x3210;
+prmt.b32 $0, m, n, s;
+shr.u32 s, $2, 16;
+and.b32 s, s, 0x7777;
+prmt.b32 m, $3, $4, s;
+prmt.b32 n, na, nb, s;
+shr.u32 s, $2, 17;
+and.b32 s, s, 0x4444;
+or.b32 s, s, 0x3210;
+prmt.b32 $1, m, n, s;
+}
+""")
+# Gluon's API moved between Triton 3.6 (the H200's) and 3.9 (CI's CPU wheel, which builds the
+# cubin in tests/kernels): the cp.async copy and the shared-memory reinterpret were renamed.
+GLUON_39 = gl.constexpr(hasattr(async_copy, "async_load"))
+_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+TABLE_LOW = gl.constexpr(0x3C383000)  # e4m3 codes of 0, 0.5, 1, 1.5 (byte 0 first)
+TABLE_HIGH = gl.constexpr(0x4C484440)  # of 2, 3, 4, 6
+
+
+@gluon.jit
+def _power_of_two(code):
+    """fp32 2^(code - 127) of e8m0 codes (int32 0..255) from its bits: exact, 2^-127 included
+    (a subnormal), NaN for 255."""
+    bits = gl.where(code == 0, 0x00400000, code << 23)
+    bits = gl.where(code == 255, 0x7FC00000, bits)
+    return bits.to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _byte(word, i: gl.constexpr):
+    return (word >> (8 * i)) & 0xFF
+
+
+@gluon.jit
+def _unpacked(words, shift):
+    """int32 [64, 32] e4m3 codes, four a word in element order, of packed ``words`` [64, 4, 4]
+    (row, group, word), group g's lowered by ``shift`` [64, 4] (its exponent field minus
+    shift; zero stays zero)."""
+    z = gl.expand_dims(shift * 0x08080808, 2) + gl.zeros_like(words)
+    low = TABLE_LOW - (z & -256)  # every byte but the zero code's
+    high = TABLE_HIGH - z
+    first, second = gl.inline_asm_elementwise(
+        UNPACK_NATURAL_ASM,
+        "=r,=r,r,r,r",
+        [words, low, high],
+        dtype=(gl.int32, gl.int32),
+        is_pure=True,
+        pack=1,
+    )
+    return gl.reshape(gl.join(first, second), [BLOCK_SIZE, 32])
+
+
+@gluon.jit
+def _page_product(a_words, a_codes, q_smem, codes, HP: gl.constexpr, acc_layout: gl.constexpr):
+    """The [64, HP] fp32 product of the e4m3 ``codes`` (int32 [64, 32]) and the queries."""
+    a_words.store(codes)
+    fence_async_shared()  # the generic-proxy stores before the MMA's async-proxy reads
+    zero = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
+    return warpgroup_mma(a_codes, q_smem.permute((1, 0)), zero, use_acc=False)
+
+
+@gluon.jit
+def _issue_page(
+    words_ring,
+    scales_ring,
+    stage,
+    table_row,
+    j,
+    key_blocks,
+    cache_ptr,
+    cache_block_stride,
+    word_offs,
+    scale_offs,
+):
+    """cp.async of page ``j``'s packed words and its keys' code words into ring ``stage`` (zeros
+    for a page at or past ``key_blocks``), as one commit group."""
+    live = j < key_blocks
+    blk = gl.load(table_row + j, mask=live, other=0).to(gl.int64)
+    page = (cache_ptr + blk * cache_block_stride).to(gl.pointer_type(gl.int32))
+    _copy(words_ring.index(stage), page + word_offs, mask=live)
+    _copy(scales_ring.index(stage), page + BLOCK_SIZE * ELEM_BYTES // 4 + scale_offs, mask=live)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _mxfp4_paged_logits_kernel(
+    q_ptr,  # [B, 1, H, 128] float8_e4m3fn
+    w_ptr,  # [B, H] float32
+    cache_ptr,  # [num_blocks, 64 * 68] uint8: 64 keys' packed bytes, then their 4 e8m0 codes
+    table_ptr,  # [B, max_blocks] int32
+    lens_ptr,  # [B, 1] int32
+    out_ptr,  # [B, max_ctx] float32
+    cache_block_stride,
+    table_stride,
+    out_stride,
+    max_ctx,
+    num_ctx_blocks,
+    SPLITS,
+    H: gl.constexpr,
+    HP: gl.constexpr,
+    STAGES: gl.constexpr,
+):
+    """Program (b, split) scores pages split, split + SPLITS, ... of request b (STAGES pages in
+    flight, by cp.async into a ring in shared memory), then writes -inf over its share of the
+    pages past the request's length."""
+    gl.static_assert(gl.num_warps() == 4, "one warpgroup: the MMA's 64 rows")
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HP, 32]
+    )
+    rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    heads_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
+    # Packed words [row, group, word]: a thread holds one group (16 bytes) of two rows.
+    words_layout: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [4, 1, 1], [2, 1, 0])
+    groups_layout: gl.constexpr = gl.SliceLayout(2, words_layout)
+    key_rows_layout: gl.constexpr = gl.SliceLayout(1, groups_layout)
+    copy_rows_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    codes_smem: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=128, element_bitwidth=32, rank=2
+    )
+    fp8_smem: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=128, element_bitwidth=8, rank=2
+    )
+    ring_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    scales_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+
+    b = gl.program_id(0).to(gl.int64)
+    split = gl.program_id(1)
+    length = gl.load(lens_ptr + b)
+    key_blocks = gl.minimum((length + BLOCK_SIZE - 1) // BLOCK_SIZE, num_ctx_blocks)
+    table_row = table_ptr + b * table_stride
+    out_row = out_ptr + b * out_stride
+
+    rows = gl.arange(0, BLOCK_SIZE, layout=key_rows_layout)
+    groups = gl.arange(0, 4, layout=gl.SliceLayout(0, groups_layout))
+    in_group = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, words_layout)))
+    word_offs = gl.expand_dims(
+        gl.expand_dims(rows * 16, 1) + gl.expand_dims(groups * 4, 0), 2
+    ) + gl.expand_dims(gl.expand_dims(in_group, 0), 1)
+    scale_offs = gl.arange(0, BLOCK_SIZE, layout=copy_rows_layout)
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE, 4, 4], ring_smem)
+    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE], scales_smem)
+    for s in gl.static_range(STAGES - 1):
+        _issue_page(
+            words_ring, scales_ring, s, table_row, split + s * SPLITS, key_blocks, cache_ptr,
+            cache_block_stride, word_offs, scale_offs,
+        )  # fmt: skip
+
+    # The queries in shared memory as the MMA's right operand ([HP, 128], K contiguous);
+    # padded heads are 0 with weight 0.
+    qh = gl.arange(0, HP, layout=gl.SliceLayout(1, q_layout))
+    qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
+    q = gl.load(
+        q_ptr + (b * H + gl.expand_dims(qh, 1)) * HEAD_DIM + gl.expand_dims(qd, 0),
+        mask=gl.expand_dims(qh < H, 1),
+        other=0.0,
+    )
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [HP, HEAD_DIM], fp8_smem, q)
+    heads = gl.arange(0, HP, layout=heads_layout)
+    w = gl.load(w_ptr + b * H + heads, mask=heads < H, other=0.0)
+    # The page's e4m3 codes: stored as int32 words, read by the MMA as fp8 (same bytes: both
+    # layouts swizzle 16-byte chunks of 128-byte rows).
+    a_words = gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE, 32], codes_smem)
+    if GLUON_39:
+        a_codes = a_words.reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], fp8_smem)
+    else:
+        a_codes = a_words._reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], fp8_smem)
+    out_rows = gl.arange(0, BLOCK_SIZE, layout=rows_layout)
+
+    i = 0
+    for j in range(split, key_blocks, SPLITS):
+        async_copy.wait_group(STAGES - 2)  # page j's group, the oldest
+        stage = i % STAGES
+        words = words_ring.index(stage).load(words_layout)
+        # Each key's 4 group codes as one word, read where the unpack and the product need it;
+        # zero past the keys (stale bytes there, whose scores are written as -inf).
+        key_scales = scales_ring.index(stage).load(key_rows_layout)
+        key_scales = gl.where(j * BLOCK_SIZE + rows < length, key_scales, 0)
+        row_scales = scales_ring.index(stage).load(rows_layout)
+        tok = j * BLOCK_SIZE + out_rows
+        row_scales = gl.where(tok < length, row_scales, 0)
+        # Into the stage read in the last iteration: the barrier that made page j's copies
+        # visible also ends those reads.
+        _issue_page(
+            words_ring, scales_ring, (i + STAGES - 1) % STAGES, table_row,
+            j + (STAGES - 1) * SPLITS, key_blocks, cache_ptr, cache_block_stride, word_offs,
+            scale_offs,
+        )  # fmt: skip
+
+        c0, c1 = _byte(key_scales, 0), _byte(key_scales, 1)
+        c2, c3 = _byte(key_scales, 2), _byte(key_scales, 3)
+        top = gl.maximum(gl.maximum(c0, c1), gl.maximum(c2, c3))
+        spread = top - gl.minimum(gl.minimum(c0, c1), gl.minimum(c2, c3))
+        codes = (gl.expand_dims(key_scales, 1) >> gl.expand_dims(groups * 8, 0)) & 0xFF
+        shift = gl.expand_dims(top, 1) - codes
+        if gl.max(spread, axis=0) <= MAX_FOLD:
+            acc = _page_product(a_words, a_codes, q_smem, _unpacked(words, shift), HP, acc_layout)
+            scale = _power_of_two(
+                gl.maximum(
+                    gl.maximum(_byte(row_scales, 0), _byte(row_scales, 1)),
+                    gl.maximum(_byte(row_scales, 2), _byte(row_scales, 3)),
+                )
+            )
+        else:
+            # Four products, group g's codes alone (the others' words zeroed) scaled by 2^e_g.
+            acc = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
+            for g in range(4):  # not unrolled: one product's registers at a time
+                mine = gl.expand_dims(gl.expand_dims(groups == g, 0), 2)
+                part = _page_product(
+                    a_words, a_codes, q_smem,
+                    _unpacked(gl.where(mine, words, 0), shift * 0), HP, acc_layout,
+                )  # fmt: skip
+                acc += part * gl.expand_dims(_power_of_two((row_scales >> (8 * g)) & 0xFF), 1)
+            scale = gl.full([BLOCK_SIZE], 1.0, gl.float32, rows_layout)
+        relu = gl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL)
+        logits = gl.sum(relu * gl.expand_dims(w, 0), axis=1) * scale
+        logits = gl.where(tok < length, logits, float("-inf"))
+        gl.store(out_row + tok, logits, mask=tok < max_ctx)
+        i += 1  # noqa: SIM113 (a kernel loop has no enumerate)
+    async_copy.wait_group(0)  # no copy outlives the program
+
+    neg_inf = gl.full([BLOCK_SIZE], float("-inf"), gl.float32, rows_layout)
+    for j in range(key_blocks + split, num_ctx_blocks, SPLITS):
+        tok = j * BLOCK_SIZE + out_rows
+        gl.store(out_row + tok, neg_inf, mask=tok < max_ctx)
+
+
+def default_splits(batch: int, num_ctx_blocks: int, multiprocessors: int) -> int:
+    """Programs per request: about PROGRAMS_PER_SM resident programs a multiprocessor in one
+    wave (132 registers a thread: 3 programs of 4 warps), each with at least 4 pages."""
+    waves_worth = max(1, PROGRAMS_PER_SM * multiprocessors // max(batch, 1))
+    return max(1, min(triton.cdiv(num_ctx_blocks, 4), waves_worth))
+
+
+PROGRAMS_PER_SM = 3
+
+
+def logits_paged(
+    q: torch.Tensor,  # [B, 1, H, 128] float8_e4m3fn
+    weights: torch.Tensor,  # [B, H] float32
+    cache: torch.Tensor,  # [num_blocks, 64 * 68] uint8
+    block_table: torch.Tensor,  # [B, max_blocks] int32
+    context_lens: torch.Tensor,  # [B, 1] int32
+    max_ctx: int,
+    splits: int | None = None,
+    stages: int = 4,
+) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
+    """The kernel's launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
+    :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
+    ``stages``: pages a program has in flight or in hand (at least 2)."""
+    if stages < 2:
+        raise ValueError(f"gluon logits_paged: stages must be >= 2, got {stages}")
+    B, H = q.shape[0], q.shape[2]
+    out = torch.empty((B, max_ctx), dtype=torch.float32, device=q.device)
+    if B == 0 or max_ctx == 0:
+        return out
+    num_ctx_blocks = triton.cdiv(max_ctx, BLOCK_SIZE.value)
+    if splits is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        splits = default_splits(B, num_ctx_blocks, sms)
+    table = block_table.to(torch.int32)
+    _mxfp4_paged_logits_kernel[(B, splits)](
+        q.contiguous(),
+        weights.contiguous().float(),
+        cache,
+        table,
+        context_lens.to(torch.int32).contiguous(),
+        out,
+        cache.stride(0),
+        table.stride(0),
+        out.stride(0),
+        max_ctx,
+        num_ctx_blocks,
+        splits,
+        H=H,
+        HP=max(16, triton.next_power_of_2(H)),
+        STAGES=stages,
+        num_warps=4,
+    )
+    return out
+
+
+def shape_reasons(q: torch.Tensor, cache: torch.Tensor, fmt: str) -> list[str]:
+    """Why this kernel cannot take the call (empty when it can); such calls go to Triton's."""
+    reasons = []
+    if fmt != "mxfp4":
+        reasons.append(f"it reads mxfp4 index keys, got {fmt!r}")
+    if q.dtype != torch.float8_e4m3fn:
+        reasons.append(f"it multiplies fp8 queries, got {q.dtype}")
+    if q.dim() != 4 or q.shape[1] != 1 or q.shape[3] != HEAD_DIM.value or q.shape[2] > MAX_HEADS:
+        reasons.append(
+            f"it takes q [B, 1, H <= {MAX_HEADS}, {HEAD_DIM.value}] (one query row a request), got "
+            f"{tuple(q.shape)}"
+        )
+    page_bytes = BLOCK_SIZE.value * (ELEM_BYTES.value + 4)
+    if cache.dim() != 2 or cache.shape[1] != page_bytes or cache.stride(1) != 1:
+        reasons.append(f"it reads contiguous 64-token pages of {page_bytes} B")
+    elif cache.stride(0) % 16 or cache.data_ptr() % 16:
+        reasons.append(
+            "it copies 16-byte chunks: the page stride and start must be 16-byte aligned"
+        )
+    return reasons

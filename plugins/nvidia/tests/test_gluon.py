@@ -1,0 +1,158 @@
+"""The Gluon paged-logits kernel off the GPU: the adapter's switch and refusals, the launcher's
+shape checks, and its sm_90 cubin built by Triton's own compiler (in a child process, as
+tests/kernels/test_compiles_for_hopper.py builds the Triton kernels'), read with cuobjdump for
+what the design promises: no spills, the packed keys copied 16 bytes at a time (cp.async), the
+codes stored 16 bytes at a time, never byte by byte, and the product on the fp8 warpgroup MMA.
+Its numerics are checked on the H200 (test_gluon_gpu.py) and its unpack by the PTX emulator
+(tests/kernels/test_unpack_ptx.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hwrun.knobs import KnobError
+from hwrun.registry import OpRegistry, OpSpec
+from hwrun_nvidia import device_checks, gluon, plugin
+
+SPEC = OpSpec(
+    op="indexer.logits_paged",
+    dtype="float8_e4m3fn",
+    formats=("mxfp4",),
+    num_heads=64,
+    head_dim=128,
+    block_size=64,
+    device_type="cuda",
+    arch="sm_90",
+)
+
+
+def test_off_unless_switched_on(monkeypatch):
+    monkeypatch.delenv("HWRUN_GLUON", raising=False)
+    assert any("HWRUN_GLUON is off" in r for r in gluon._validate(SPEC))
+    monkeypatch.setenv("HWRUN_GLUON", "maybe")
+    with pytest.raises(KnobError, match="HWRUN_GLUON"):
+        gluon._validate(SPEC)
+
+
+def test_refusals_name_what_the_kernel_needs(monkeypatch):
+    monkeypatch.setenv("HWRUN_GLUON", "1")
+    switched_on = [r for r in gluon._validate(SPEC) if "CUDA device" not in r]
+    assert switched_on == []  # on a machine without a GPU only the device is missing
+    cases = {
+        "sm_100": OpSpec(**{**SPEC.__dict__, "arch": "sm_100"}),
+        "index-key format": OpSpec(**{**SPEC.__dict__, "formats": ("fp8",)}),
+        "query dtype": OpSpec(**{**SPEC.__dict__, "dtype": "bfloat16"}),
+        "64-token pages": OpSpec(**{**SPEC.__dict__, "block_size": 32}),
+        "head_dim 128": OpSpec(**{**SPEC.__dict__, "head_dim": 64}),
+    }
+    for needle, spec in cases.items():
+        assert any(needle in r for r in gluon._validate(spec)), needle
+
+
+def test_chosen_over_triton_for_mxfp4_keys_only_when_on(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(device_checks, "_cuda_available", lambda: True)
+    registry = OpRegistry("nvidia")
+    plugin.hwrun_register_ops(registry)
+    monkeypatch.setenv("HWRUN_GLUON", "1")
+    assert registry.select(SPEC).impl.name == "gluon"
+    fp8_keys = OpSpec(**{**SPEC.__dict__, "formats": ("fp8",)})
+    assert registry.select(fp8_keys).impl.name != "gluon"
+    monkeypatch.setenv("HWRUN_GLUON", "0")
+    assert registry.select(SPEC).impl.name == "triton"
+
+
+def test_shape_reasons_send_other_calls_to_triton():
+    from hwrun_nvidia import gluon_paged_logits as kernel
+
+    q = torch.zeros(2, 1, 64, 128, dtype=torch.float8_e4m3fn)
+    cache = torch.zeros(8, 64 * 68, dtype=torch.uint8)
+    assert kernel.shape_reasons(q, cache, "mxfp4") == []
+    assert kernel.shape_reasons(q, cache, "fp8")
+    assert kernel.shape_reasons(q.to(torch.bfloat16), cache, "mxfp4")
+    assert kernel.shape_reasons(torch.zeros(2, 2, 64, 128, dtype=q.dtype), cache, "mxfp4")
+    assert kernel.shape_reasons(torch.zeros(2, 1, 256, 128, dtype=q.dtype), cache, "mxfp4")
+    assert kernel.shape_reasons(q, torch.zeros(8, 32 * 68, dtype=torch.uint8), "mxfp4")
+    wide = torch.zeros(8, 64 * 68 + 8, dtype=torch.uint8)[:, : 64 * 68]  # stride 4360
+    assert any("16-byte" in r for r in kernel.shape_reasons(q, wide, "mxfp4"))
+
+
+def test_default_splits_fill_one_wave():
+    from hwrun_nvidia.gluon_paged_logits import PROGRAMS_PER_SM, default_splits
+
+    assert default_splits(64, 2048, 132) * 64 <= PROGRAMS_PER_SM * 132
+    assert default_splits(1, 2048, 132) == PROGRAMS_PER_SM * 132
+    assert default_splits(1, 8, 132) == 2  # at least 4 pages a program
+    assert default_splits(1024, 2048, 132) == 1
+
+
+def _build(heads: int) -> str:
+    """In the child: the kernel's sm_90 cubin for ``heads`` query heads, as cuobjdump's
+    resource usage and SASS."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from hwrun_nvidia import gluon_paged_logits as kernel
+
+    padded = max(16, triton.next_power_of_2(heads))
+    signature = {
+        "q_ptr": "*fp8e4nv",
+        "w_ptr": "*fp32",
+        "cache_ptr": "*u8",
+        "table_ptr": "*i32",
+        "lens_ptr": "*i32",
+        "out_ptr": "*fp32",
+        "cache_block_stride": "i64",
+        "table_stride": "i32",
+        "out_stride": "i32",
+        "max_ctx": "i32",
+        "num_ctx_blocks": "i32",
+        "SPLITS": "i32",
+        "H": "constexpr",
+        "HP": "constexpr",
+        "STAGES": "constexpr",
+    }
+    # As a launch specialises them: 16-byte aligned pointers and a page stride of 16 B units.
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
+    source = GluonASTSource(
+        kernel._mxfp4_paged_logits_kernel, signature, {"H": heads, "HP": padded, "STAGES": 4}, attrs
+    )
+    compiled = triton.compile(source, GPUTarget("cuda", 90, 32), {"num_warps": 4})
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    path = os.path.join(os.environ["OUT_DIR"], f"kernel{heads}.cubin")
+    with open(path, "wb") as f:
+        f.write(compiled.asm["cubin"])
+    usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True)
+    sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True)
+    return usage.stdout + sass.stdout
+
+
+@pytest.mark.parametrize("heads", [10, 64, 128])
+def test_cubin_for_sm90_keeps_the_design(heads, tmp_path):
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["OUT_DIR"] = str(tmp_path)
+    child = subprocess.run(
+        [sys.executable, __file__, str(heads)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    out = child.stdout
+    regs = int(re.search(r"REG:(\d+)", out).group(1))
+    assert "LOCAL:0" in out, out[:400]  # no spills
+    if heads <= 64:  # 3 programs an SM (at 128 heads the two accumulators take 128 registers)
+        assert regs <= 168, regs
+    assert "LDGSTS.E.BYPASS.128" in out  # packed keys by 16-byte cp.async
+    assert "STS.128" in out and "STS.U8" not in out  # codes stored 16 bytes at a time
+    assert "QGMMA" in out and "E4M3.E4M3" in out  # the fp8 warpgroup MMA
+
+
+if __name__ == "__main__":
+    print(_build(int(sys.argv[1])))

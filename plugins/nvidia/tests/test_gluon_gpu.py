@@ -1,0 +1,124 @@
+"""The Gluon mxfp4 paged-logits kernel on an H200 (sm_90) against the reference, on fresh random
+keys: ragged and empty requests, padded head counts, the split and stage options, a key whose
+group exponents span too much to fold (the four-product path), a NaN scale code, pages past a
+request and rows past max_ctx, the engine's decode shape, CUDA-graph replay, and the registry
+choosing it under HWRUN_GLUON=1.
+
+Run on the H200 with ``PYTHONPATH=core:plugins/nvidia:. pytest plugins/nvidia/tests``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hwrun import knobs
+from hwrun.ops import indexer as ref_indexer
+from tests.kernels.gpu_inputs import paged_inputs, relative_error
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available()
+    or knobs.triton_interpret()
+    or torch.cuda.get_device_capability()[0] != 9,
+    reason="needs an sm_90 GPU (the warpgroup MMA)",
+)
+
+
+def _kernel():
+    return pytest.importorskip("hwrun_nvidia.gluon_paged_logits")
+
+
+def _check(q, w, cache, table, lens, max_ctx, **options):
+    got = _kernel().logits_paged(q, w, cache, table, lens, max_ctx, **options)
+    want = ref_indexer.logits_paged(q, w, cache, "mxfp4", table, lens, max_ctx)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    keep = ~torch.isnan(want)
+    assert relative_error(got[keep], want[keep]) < 2e-3
+    return got
+
+
+@pytest.mark.parametrize("heads", [64, 32, 10, 128])
+def test_matches_the_reference(heads):
+    torch.manual_seed(heads)
+    q, w, cache, table, lens = paged_inputs("mxfp4", 5, 4096, heads, 1, torch.float8_e4m3fn)
+    lens[1], lens[2], lens[3] = 1, 63, 65  # a token, a page but one, a page and one
+    _check(q, w, cache, table, lens, 4096)
+
+
+@pytest.mark.parametrize("splits,stages", [(1, 2), (3, 4), (None, 6), (64, 3)])
+def test_every_split_and_stage_count(splits, stages):
+    torch.manual_seed(7)
+    q, w, cache, table, lens = paged_inputs("mxfp4", 3, 8192, 64, 1, torch.float8_e4m3fn)
+    _check(q, w, cache, table, lens, 8192, splits=splits, stages=stages)
+
+
+def test_max_ctx_cuts_rows_and_pages_past_it():
+    torch.manual_seed(3)
+    q, w, cache, table, lens = paged_inputs("mxfp4", 4, 4096, 64, 1, torch.float8_e4m3fn)
+    lens.clamp_(max=3000)
+    got = _check(q, w, cache, table, lens, 3001)  # 3001 columns: the last page cut short
+    assert got.shape == (4, 3001)
+    assert (got[0] == float("-inf")).all()  # paged_inputs' empty request
+
+
+def test_groups_too_far_apart_to_fold_and_a_nan_code():
+    """One key's first group 2^-12 of its others (its e8m0 code ~12 lower: the page takes the
+    four products), another key's scale code 255 (NaN: its score is NaN, as the reference's)."""
+    from hwrun.formats.index_keys import get_index_key_format
+
+    torch.manual_seed(5)
+    blocks, heads = 8, 64
+    values = torch.randn(blocks * 64, 128, device="cuda")
+    values[70, :32] *= 2.0**-12  # page 1, token 6
+    elements, scales = get_index_key_format("mxfp4").encode(values)
+    cache = torch.cat((elements.reshape(blocks, -1), scales.reshape(blocks, -1)), 1)
+    cache[3, 64 * 64 + 9 * 4 + 2] = 255  # page 3, token 9, group 2
+    codes = cache[1, 64 * 64 + 6 * 4 : 64 * 64 + 7 * 4].int()
+    assert codes.max() - codes.min() > 5  # really past MAX_FOLD
+    table = torch.arange(blocks, device="cuda", dtype=torch.int32).reshape(2, 4)
+    q = torch.randn(2, 1, heads, 128, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.rand(2, heads, device="cuda")
+    lens = torch.tensor([[256], [256]], device="cuda", dtype=torch.int32)
+    got = _check(q, w, cache, table, lens, 256)
+    assert torch.isnan(got[0, 3 * 64 + 9]) and torch.isnan(got).sum() == 1
+
+
+def test_the_engines_decode_shape():
+    """64 requests of 32K tokens (the bench model's 64 index heads), pages in random order."""
+    torch.manual_seed(11)
+    q, w, cache, table, lens = paged_inputs("mxfp4", 64, 32768, 64, 1, torch.float8_e4m3fn)
+    _check(q, w, cache, table, lens, 32768)
+
+
+def test_graph_replay_matches_eager():
+    from plugins.nvidia.tests.test_adapters_gpu import _replay_matches_eager
+
+    kernel = _kernel()
+
+    def make_inputs():
+        return paged_inputs("mxfp4", 4, 4096, 64, 1, torch.float8_e4m3fn)
+
+    def fn(q, w, cache, table, lens):
+        return (kernel.logits_paged(q, w, cache, table, lens, 4096),)
+
+    _replay_matches_eager(fn, make_inputs)
+
+
+def test_served_under_the_switch(monkeypatch):
+    from hwrun.registry import OpRegistry, OpSpec
+    from hwrun_nvidia import plugin
+
+    monkeypatch.setenv("HWRUN_GLUON", "1")
+    registry = OpRegistry("nvidia")
+    plugin.hwrun_register_ops(registry)
+    spec = OpSpec(
+        op="indexer.logits_paged", dtype="float8_e4m3fn", formats=("mxfp4",), num_heads=64,
+        head_dim=128, block_size=64, device_type="cuda", arch="sm_90",
+    )  # fmt: skip
+    impl = registry.select(spec).impl
+    assert impl.name == "gluon"
+    for next_n in (1, 2):  # two query rows a request: the adapter hands the call to Triton's
+        q, w, cache, table, lens = paged_inputs("mxfp4", 2, 4096, 64, next_n, torch.float8_e4m3fn)
+        got = impl.fn(q, w, cache, "mxfp4", table, lens, 4096)
+        want = ref_indexer.logits_paged(q, w, cache, "mxfp4", table, lens, 4096)
+        assert relative_error(got, want) < 2e-3
