@@ -4,7 +4,7 @@ The Triton kernel (hwrun.kernels.triton.indexer_logits) reads an mxfp4 page at 2
 fp8 time on the H200 although it holds half the bytes: the packed keys load one byte a thread
 and pass through shared memory byte by byte (66 ``STS.U8`` a page) to the layout its unpack
 feeds the tensor cores, a layout Triton chooses and we cannot. Here every layout is written
-out, so a page costs, per thread: two 16-byte loads of packed keys, 13 instructions per 4
+out, so a page costs, per thread: two 16-byte copies of packed keys, 9 instructions per 4
 packed bytes to unpack them in element order, four 16-byte shared stores of the e4m3 codes,
 and one warpgroup MMA of 64 tokens x the heads x K=128 reading the codes and the queries from
 shared memory.
@@ -38,34 +38,31 @@ MAX_HEADS = 128  # an fp32 accumulator of 64 x 128 is 64 registers a thread
 
 # $2: 4 packed bytes (e2m1 nibbles, element 2i low); $3 / $4: the e4m3 codes of the eight
 # e2m1 magnitudes (0, 0.5, 1, 1.5 / 2, 3, 4, 6), lowered by the group's fold; $0 / $1: the
-# e4m3 codes of elements 0-3 / 4-7 in element order. A nibble's magnitude bits are directly
-# prmt's selector; the sign picks, per byte, between the table's code and its negative.
+# e4m3 codes of elements 0-3 / 4-7 in element order, 9 instructions in all. The nibbles'
+# magnitude bits are prmt's selectors as they lie; a second prmt gathers, per output byte, a
+# byte whose bit 7 is the nibble's sign (a high nibble's own byte, a low nibble's byte of the
+# word shifted left by 4), and that bit is or-ed in.
 UNPACK_NATURAL_ASM = gl.constexpr("""
 {
-.reg .b32 s, m, n, na, nb;
-or.b32 na, $3, 0x80808080;
-or.b32 nb, $4, 0x80808080;
-and.b32 s, $2, 0x7777;
-prmt.b32 m, $3, $4, s;
-prmt.b32 n, na, nb, s;
-shr.u32 s, $2, 1;
-and.b32 s, s, 0x4444;
-or.b32 s, s, 0x3210;
-prmt.b32 $0, m, n, s;
-shr.u32 s, $2, 16;
-and.b32 s, s, 0x7777;
-prmt.b32 m, $3, $4, s;
-prmt.b32 n, na, nb, s;
-shr.u32 s, $2, 17;
-and.b32 s, s, 0x4444;
-or.b32 s, s, 0x3210;
-prmt.b32 $1, m, n, s;
+.reg .b32 m, w4, s, t;
+and.b32 m, $2, 0x77777777;
+shl.b32 w4, $2, 4;
+prmt.b32 s, $3, $4, m;
+prmt.b32 t, w4, $2, 0x5140;
+and.b32 t, t, 0x80808080;
+or.b32 $0, s, t;
+shr.u32 m, m, 16;
+prmt.b32 s, $3, $4, m;
+prmt.b32 t, w4, $2, 0x7362;
+and.b32 t, t, 0x80808080;
+or.b32 $1, s, t;
 }
 """)
 # Gluon's API moved between Triton 3.6 (the H200's) and 3.9 (CI's CPU wheel, which builds the
 # cubin in tests/kernels): the cp.async copy and the shared-memory reinterpret were renamed.
 GLUON_39 = gl.constexpr(hasattr(async_copy, "async_load"))
 _copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 TABLE_LOW = gl.constexpr(0x3C383000)  # e4m3 codes of 0, 0.5, 1, 1.5 (byte 0 first)
 TABLE_HIGH = gl.constexpr(0x4C484440)  # of 2, 3, 4, 6
 
@@ -82,6 +79,24 @@ def _power_of_two(code):
 @gluon.jit
 def _byte(word, i: gl.constexpr):
     return (word >> (8 * i)) & 0xFF
+
+
+@gluon.jit
+def _spread(scales):
+    """Each key's largest e8m0 code minus its smallest (scales: its 4 codes as one word)."""
+    c0, c1, c2, c3 = _byte(scales, 0), _byte(scales, 1), _byte(scales, 2), _byte(scales, 3)
+    return gl.maximum(gl.maximum(c0, c1), gl.maximum(c2, c3)) - gl.minimum(
+        gl.minimum(c0, c1), gl.minimum(c2, c3)
+    )
+
+
+@gluon.jit
+def _note_spread(flags, scales, tok, length):
+    """Each warp's widest key spread among the product rows it holds ([64] rows of 16 a warp)
+    into ``flags`` ([4] int32): the fold decision of a page, read after a later barrier, so
+    that no barrier is spent on it."""
+    spread = gl.where(tok < length, _spread(scales), 0)
+    flags.store(gl.max(gl.reshape(spread, [4, 16]), axis=1))
 
 
 @gluon.jit
@@ -110,6 +125,18 @@ def _page_product(a_words, a_codes, q_smem, codes, HP: gl.constexpr, acc_layout:
     fence_async_shared()  # the generic-proxy stores before the MMA's async-proxy reads
     zero = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
     return warpgroup_mma(a_codes, q_smem.permute((1, 0)), zero, use_acc=False)
+
+
+@gluon.jit
+def _group_product(a_words, a_codes, q_smem, words, groups, row_scales, g, HP: gl.constexpr,
+                   acc_layout: gl.constexpr, groups_layout: gl.constexpr):  # fmt: skip
+    """Group ``g``'s share of a page's products, 2^e_g * (k_g . q_g): the other groups' words
+    zeroed, the codes unlowered."""
+    mine = gl.expand_dims(gl.expand_dims(groups == g, 0), 2)
+    unlowered = gl.zeros([BLOCK_SIZE, 4], gl.int32, groups_layout)
+    codes = _unpacked(gl.where(mine, words, 0), unlowered)
+    part = _page_product(a_words, a_codes, q_smem, codes, HP, acc_layout)
+    return part * gl.expand_dims(_power_of_two((row_scales >> (8 * g)) & 0xFF), 1)
 
 
 @gluon.jit
@@ -157,6 +184,7 @@ def _mxfp4_paged_logits_kernel(
     flight, by cp.async into a ring in shared memory), then writes -inf over its share of the
     pages past the request's length."""
     gl.static_assert(gl.num_warps() == 4, "one warpgroup: the MMA's 64 rows")
+    gl.static_assert(STAGES >= 3, "a page in hand, the next one's codes, one in flight")
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HP, 32]
     )
@@ -176,6 +204,8 @@ def _mxfp4_paged_logits_kernel(
     )
     ring_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     scales_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    flags_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    flag_layout: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])  # all 4 in every thread
 
     b = gl.program_id(0).to(gl.int64)
     split = gl.program_id(1)
@@ -219,10 +249,26 @@ def _mxfp4_paged_logits_kernel(
     else:
         a_codes = a_words._reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], fp8_smem)
     out_rows = gl.arange(0, BLOCK_SIZE, layout=rows_layout)
+    # flags.index(p): each warp's widest key spread in the page of parity p (see _note_spread)
+    flags = gl.allocate_shared_memory(gl.int32, [2, 4], flags_smem)
+    async_copy.wait_group(STAGES - 2)  # the first page
+    first_tok = split * BLOCK_SIZE + out_rows
+    _note_spread(flags.index(0), scales_ring.index(0).load(rows_layout), first_tok, length)
+    # Once here, so that the loop's copies into the ring need none (without it the compiler
+    # puts one before every page's copy, for the read above).
+    _cta_barrier()
 
     i = 0
     for j in range(split, key_blocks, SPLITS):
-        async_copy.wait_group(STAGES - 2)  # page j's group, the oldest
+        # Into the stage read in the last iteration: that iteration's product barrier ended
+        # its reads, so this copy needs no barrier of its own.
+        _issue_page(
+            words_ring, scales_ring, (i + STAGES - 1) % STAGES, table_row,
+            j + (STAGES - 1) * SPLITS, key_blocks, cache_ptr, cache_block_stride, word_offs,
+            scale_offs,
+        )  # fmt: skip
+        # Pages j and j + SPLITS complete (the next page's codes decide its fold, below)
+        async_copy.wait_group(STAGES - 2)
         stage = i % STAGES
         words = words_ring.index(stage).load(words_layout)
         # Each key's 4 group codes as one word, read where the unpack and the product need it;
@@ -232,21 +278,16 @@ def _mxfp4_paged_logits_kernel(
         row_scales = scales_ring.index(stage).load(rows_layout)
         tok = j * BLOCK_SIZE + out_rows
         row_scales = gl.where(tok < length, row_scales, 0)
-        # Into the stage read in the last iteration: the barrier that made page j's copies
-        # visible also ends those reads.
-        _issue_page(
-            words_ring, scales_ring, (i + STAGES - 1) % STAGES, table_row,
-            j + (STAGES - 1) * SPLITS, key_blocks, cache_ptr, cache_block_stride, word_offs,
-            scale_offs,
-        )  # fmt: skip
+        next_scales = scales_ring.index((i + 1) % STAGES).load(rows_layout)
 
-        c0, c1 = _byte(key_scales, 0), _byte(key_scales, 1)
-        c2, c3 = _byte(key_scales, 2), _byte(key_scales, 3)
-        top = gl.maximum(gl.maximum(c0, c1), gl.maximum(c2, c3))
-        spread = top - gl.minimum(gl.minimum(c0, c1), gl.minimum(c2, c3))
+        top = gl.maximum(
+            gl.maximum(_byte(key_scales, 0), _byte(key_scales, 1)),
+            gl.maximum(_byte(key_scales, 2), _byte(key_scales, 3)),
+        )
         codes = (gl.expand_dims(key_scales, 1) >> gl.expand_dims(groups * 8, 0)) & 0xFF
         shift = gl.expand_dims(top, 1) - codes
-        if gl.max(spread, axis=0) <= MAX_FOLD:
+        widest = gl.max(flags.index(i % 2).load(flag_layout), axis=0)
+        if widest <= MAX_FOLD:
             acc = _page_product(a_words, a_codes, q_smem, _unpacked(words, shift), HP, acc_layout)
             scale = _power_of_two(
                 gl.maximum(
@@ -256,19 +297,21 @@ def _mxfp4_paged_logits_kernel(
             )
         else:
             # Four products, group g's codes alone (the others' words zeroed) scaled by 2^e_g.
-            acc = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
-            for g in range(4):  # not unrolled: one product's registers at a time
-                mine = gl.expand_dims(gl.expand_dims(groups == g, 0), 2)
-                part = _page_product(
-                    a_words, a_codes, q_smem,
-                    _unpacked(gl.where(mine, words, 0), shift * 0), HP, acc_layout,
-                )  # fmt: skip
-                acc += part * gl.expand_dims(_power_of_two((row_scales >> (8 * g)) & 0xFF), 1)
+            # The first outside the loop: its barrier then ends this iteration's reads of the
+            # ring and the flags on this path too, so the writes that follow need none.
+            acc = _group_product(a_words, a_codes, q_smem, words, groups, row_scales, 0, HP,
+                                 acc_layout, groups_layout)  # fmt: skip
+            for g in range(1, 4):  # not unrolled: one product's registers at a time
+                acc += _group_product(a_words, a_codes, q_smem, words, groups, row_scales, g,
+                                      HP, acc_layout, groups_layout)  # fmt: skip
             scale = gl.full([BLOCK_SIZE], 1.0, gl.float32, rows_layout)
         relu = gl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL)
         logits = gl.sum(relu * gl.expand_dims(w, 0), axis=1) * scale
         logits = gl.where(tok < length, logits, float("-inf"))
         gl.store(out_row + tok, logits, mask=tok < max_ctx)
+        # The next page's decision, after this page's product (its barrier ends the reads of
+        # the flags above) and before the next wait's barrier (which makes them visible).
+        _note_spread(flags.index((i + 1) % 2), next_scales, tok + SPLITS * BLOCK_SIZE, length)
         i += 1  # noqa: SIM113 (a kernel loop has no enumerate)
     async_copy.wait_group(0)  # no copy outlives the program
 
@@ -296,13 +339,14 @@ def logits_paged(
     context_lens: torch.Tensor,  # [B, 1] int32
     max_ctx: int,
     splits: int | None = None,
-    stages: int = 4,
+    stages: int = 6,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
     """The kernel's launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
-    ``stages``: pages a program has in flight or in hand (at least 2)."""
-    if stages < 2:
-        raise ValueError(f"gluon logits_paged: stages must be >= 2, got {stages}")
+    ``stages``: pages a program has in flight or in hand (at least 3: the page scored, the
+    next one, whose codes decide its fold, and one in flight)."""
+    if stages < 3:
+        raise ValueError(f"gluon logits_paged: stages must be >= 3, got {stages}")
     B, H = q.shape[0], q.shape[2]
     out = torch.empty((B, max_ctx), dtype=torch.float32, device=q.device)
     if B == 0 or max_ctx == 0:

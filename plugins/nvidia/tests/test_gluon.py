@@ -123,7 +123,7 @@ def _build(heads: int) -> str:
     # As a launch specialises them: 16-byte aligned pointers and a page stride of 16 B units.
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
     source = GluonASTSource(
-        kernel._mxfp4_paged_logits_kernel, signature, {"H": heads, "HP": padded, "STAGES": 4}, attrs
+        kernel._mxfp4_paged_logits_kernel, signature, {"H": heads, "HP": padded, "STAGES": 6}, attrs
     )
     compiled = triton.compile(source, GPUTarget("cuda", 90, 32), {"num_warps": 4})
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
