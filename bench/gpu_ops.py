@@ -130,37 +130,38 @@ def indexer_rows(ceil, tune, log):
                     f"cfg {cfg}" if cfg else "",
                 )
             )
-            if fmt == "mxfp4" and HAS_GLUON:
-                rows.append(gluon_paged_row(run, cache, table, q, w, lens, ctx, batch, heads, tune,
-                                            ceil.floor_us(nbytes), peers, log))  # fmt: skip
+            if HAS_GLUON:
+                args = (run, fmt, cache, table, q, w, lens, ctx, batch, heads, tune)
+                rows.append(gluon_paged_row(*args, ceil.floor_us(nbytes), peers, log))
             del cache, table
             torch.cuda.empty_cache()
     return rows
 
 
 def gluon_paged_row(
-    triton_run, cache, table, q, w, lens, ctx, batch, heads, tune, floor, peers, log
+    triton_run, fmt, cache, table, q, w, lens, ctx, batch, heads, tune, floor, peers, log
 ):
-    """The Gluon mxfp4 kernel (hwrun_nvidia.gluon_paged_logits) on the same inputs, its
-    relative error against the Triton kernel's output in the notes."""
+    """The Gluon kernel for ``fmt`` keys (hwrun_nvidia.gluon_paged_logits) on the same inputs,
+    its relative error against the Triton kernel's output in the notes."""
     from hwrun_nvidia import gluon_paged_logits
 
     def run(**cfg):
-        return gluon_paged_logits.logits_paged(q, w, cache, table, lens, ctx, **cfg)
+        return gluon_paged_logits.logits_paged(q, w, cache, fmt, table, lens, ctx, **cfg)
 
     cfg = {}
     if tune:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         splits = [None] if batch == 1 else [None, 2 * sms // batch, 4 * sms // batch]
-        grid = [{"splits": sp, "stages": st} for sp in splits for st in (3, 4, 6, 8)]
-        cfg = _tune(f"gluon logits_paged mxfp4 B={batch}", run, grid, log)
+        stages = (3, 4, 6, 8) if fmt == "mxfp4" else (2, 3, 4, 6)
+        grid = [{"splits": sp, "stages": st} for sp in splits for st in stages]
+        cfg = _tune(f"gluon logits_paged {fmt} B={batch}", run, grid, log)
     got, want = run(**cfg), triton_run()
     finite = torch.isfinite(want)
     err = ((got[finite] - want[finite]).norm() / want[finite].norm()).item()
     same_inf = torch.equal(torch.isfinite(got), finite)
     return Row(
         "indexer.logits_paged",
-        f"B={batch} ctx={ctx} H={heads} mxfp4 keys, fp8 q",
+        f"B={batch} ctx={ctx} H={heads} {fmt} keys, fp8 q",
         "gluon",
         bench(lambda: run(**cfg)),
         floor,

@@ -1,7 +1,8 @@
 """The NVIDIA plugin's Gluon kernels (Hopper, sm_90), behind ``HWRUN_GLUON`` until an H200 run
-has checked them: today ``indexer.logits_paged`` over mxfp4 index keys
-(:mod:`hwrun_nvidia.gluon_paged_logits`), a call it does not cover (more than one query row a
-request, fp8 keys, other queries) going to the Triton kernel.
+has checked them: today ``indexer.logits_paged`` over mxfp4 and fp8 index keys
+(:mod:`hwrun_nvidia.gluon_paged_logits`), a call they do not cover (more than one query row a
+request, other queries) going to the Triton kernel. Priority 15: above the Triton tier, under
+DeepGEMM, which keeps the fp8 keys where it is installed (it reads no mxfp4).
 
 Gluon ships with Triton (3.6 on the H200); its kernels are imported at the first call. They
 use the warpgroup MMA, which only sm_90 has (Blackwell's tensor cores take other instructions).
@@ -28,7 +29,7 @@ def _validate(spec: OpSpec) -> list[str]:
     reasons += cuda_reasons(spec, min_sm=90)
     if spec.arch is not None and not spec.arch.startswith("sm_90"):
         reasons.append(f"the warpgroup MMA is sm_90's only, the device is {spec.arch}")
-    reasons += format_reasons(spec, ("mxfp4",), "index-key")
+    reasons += format_reasons(spec, ("mxfp4", "fp8"), "index-key")
     reasons += dtype_reasons(spec, ("float8_e4m3fn",), "query")
     if spec.head_dim not in (None, 128):
         reasons.append(f"it needs head_dim 128, got {spec.head_dim}")
@@ -52,7 +53,9 @@ def logits_paged(
         from hwrun.kernels.triton.indexer_logits import logits_paged as triton_logits_paged
 
         return triton_logits_paged(q, weights, cache, fmt, block_table, context_lens, max_ctx)
-    return gluon_paged_logits.logits_paged(q, weights, cache, block_table, context_lens, max_ctx)
+    return gluon_paged_logits.logits_paged(
+        q, weights, cache, fmt, block_table, context_lens, max_ctx
+    )
 
 
 def register(registry: OpRegistry) -> None:
@@ -64,7 +67,7 @@ def register(registry: OpRegistry) -> None:
             fn=logits_paged,
             graph_safe=True,  # no host reads, allocations by shape only
             validate=_validate,
-            priority=20,
-            description="Gluon (sm_90) mxfp4-key paged logits: one K=128 fp8 MMA a page",
+            priority=15,
+            description="Gluon (sm_90) paged logits, mxfp4 or fp8 keys: one K=128 fp8 MMA a page",
         )
     )

@@ -1,4 +1,4 @@
-"""indexer.logits_paged over mxfp4 index keys as a Gluon kernel for Hopper (sm_90).
+"""indexer.logits_paged as Gluon kernels for Hopper (sm_90): mxfp4 index keys, and fp8 ones.
 
 The Triton kernel (hwrun.kernels.triton.indexer_logits) reads an mxfp4 page at 2.25x DeepGEMM's
 fp8 time on the H200 although it holds half the bytes: the packed keys load one byte a thread
@@ -15,9 +15,13 @@ MAX_FOLD), so the page is one K=128 product and the key's largest power of two s
 head sum once (relu commutes with a positive scale). A page holding a key whose groups span
 more than that takes four products instead, one per group, each scaled by its power of two.
 
-Not validated on hardware yet: the kernel compiles for sm_90 here (tests/kernels/
-test_compiles_for_hopper.py), its unpack is checked by tests/kernels/test_unpack_ptx.py, and
-``plugins/nvidia/tests/test_gluon_gpu.py`` compares it with the reference on the H200.
+fp8 keys need no unpack: each page's codes go by cp.async straight into a ring stage in the
+layout the MMA reads (DeepGEMM's paged kernel, which the engine uses for them, reads them by
+TMA with warp-specialised producers).
+
+Not validated on hardware yet: its sm_90 cubin is built and read in CI
+(plugins/nvidia/tests/test_gluon.py), its unpack is checked by tests/kernels/test_unpack_ptx.py,
+and plugins/nvidia/tests/test_gluon_gpu.py compares it with the reference on the H200.
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ or.b32 $1, s, t;
 }
 """)
 # Gluon's API moved between Triton 3.6 (the H200's) and 3.9 (CI's CPU wheel, which builds the
-# cubin in tests/kernels): the cp.async copy and the shared-memory reinterpret were renamed.
+# cubin in test_gluon.py): the cp.async copy, the CTA barrier and the shared-memory reinterpret
+# were renamed.
 GLUON_39 = gl.constexpr(hasattr(async_copy, "async_load"))
 _copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -141,7 +146,7 @@ def _group_product(a_words, a_codes, q_smem, words, groups, row_scales, g, HP: g
 
 @gluon.jit
 def _issue_page(
-    words_ring,
+    keys_ring,
     scales_ring,
     stage,
     table_row,
@@ -149,17 +154,136 @@ def _issue_page(
     key_blocks,
     cache_ptr,
     cache_block_stride,
-    word_offs,
+    key_offs,
     scale_offs,
+    KEY_BYTES: gl.constexpr,
 ):
-    """cp.async of page ``j``'s packed words and its keys' code words into ring ``stage`` (zeros
-    for a page at or past ``key_blocks``), as one commit group."""
+    """cp.async of page ``j``'s keys (as the ring's element type) and their scale words into ring
+    ``stage``, as one commit group (no read for a page at or past ``key_blocks``: its stage is
+    never scored, and its codes are masked where they are read ahead)."""
     live = j < key_blocks
     blk = gl.load(table_row + j, mask=live, other=0).to(gl.int64)
-    page = (cache_ptr + blk * cache_block_stride).to(gl.pointer_type(gl.int32))
-    _copy(words_ring.index(stage), page + word_offs, mask=live)
-    _copy(scales_ring.index(stage), page + BLOCK_SIZE * ELEM_BYTES // 4 + scale_offs, mask=live)
+    page = cache_ptr + blk * cache_block_stride
+    keys = page.to(gl.pointer_type(keys_ring.dtype)) + key_offs
+    _copy(keys_ring.index(stage), keys, mask=live)
+    scales = (page + BLOCK_SIZE * KEY_BYTES).to(gl.pointer_type(gl.int32)) + scale_offs
+    _copy(scales_ring.index(stage), scales, mask=live)
     async_copy.commit_group()
+
+
+@gluon.jit
+def _queries_and_weights(q_ptr, w_ptr, b, H: gl.constexpr, HP: gl.constexpr,
+                         heads_layout: gl.constexpr):  # fmt: skip
+    """Request b's queries in shared memory as the MMA's right operand ([HP, 128], K
+    contiguous) and its head weights [HP] (padded heads: q 0, weight 0)."""
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    fp8_smem: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=128, element_bitwidth=8, rank=2
+    )
+    qh = gl.arange(0, HP, layout=gl.SliceLayout(1, q_layout))
+    qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
+    q = gl.load(
+        q_ptr + (b * H + gl.expand_dims(qh, 1)) * HEAD_DIM + gl.expand_dims(qd, 0),
+        mask=gl.expand_dims(qh < H, 1),
+        other=0.0,
+    )
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [HP, HEAD_DIM], fp8_smem, q)
+    heads = gl.arange(0, HP, layout=heads_layout)
+    w = gl.load(w_ptr + b * H + heads, mask=heads < H, other=0.0)
+    return q_smem, w
+
+
+@gluon.jit
+def _store_logits(acc, w, scale, tok, length, max_ctx, out_row):
+    """sum_h w_h relu(acc) * scale (a positive scale commutes with relu; NaN stays NaN) into the
+    request's row, -inf at and past its length."""
+    relu = gl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    logits = gl.sum(relu * gl.expand_dims(w, 0), axis=1) * scale
+    logits = gl.where(tok < length, logits, float("-inf"))
+    gl.store(out_row + tok, logits, mask=tok < max_ctx)
+
+
+@gluon.jit
+def _fill_past_keys(out_row, first, num_ctx_blocks, SPLITS, max_ctx, out_rows):
+    """-inf over pages first, first + SPLITS, ... (past the request's keys)."""
+    neg_inf = gl.full([BLOCK_SIZE], float("-inf"), gl.float32, out_rows.type.layout)
+    for j in range(first, num_ctx_blocks, SPLITS):
+        tok = j * BLOCK_SIZE + out_rows
+        gl.store(out_row + tok, neg_inf, mask=tok < max_ctx)
+
+
+@gluon.jit
+def _fp8_paged_logits_kernel(
+    q_ptr,  # [B, 1, H, 128] float8_e4m3fn
+    w_ptr,  # [B, H] float32
+    cache_ptr,  # [num_blocks, 64 * 132] uint8: 64 keys' e4m3 codes, then their fp32 scales
+    table_ptr,  # [B, max_blocks] int32
+    lens_ptr,  # [B, 1] int32
+    out_ptr,  # [B, max_ctx] float32
+    cache_block_stride,
+    table_stride,
+    out_stride,
+    max_ctx,
+    num_ctx_blocks,
+    SPLITS,
+    H: gl.constexpr,
+    HP: gl.constexpr,
+    STAGES: gl.constexpr,
+):
+    """fp8 keys: each page's codes go by cp.async straight into an MMA-swizzled ring stage,
+    which the warpgroup MMA reads as it lies; no register ever holds a key."""
+    gl.static_assert(gl.num_warps() == 4, "one warpgroup: the MMA's 64 rows")
+    gl.static_assert(STAGES >= 2, "a page in hand and one in flight")
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HP, 32]
+    )
+    rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    heads_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
+    keys_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    copy_rows_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    fp8_smem: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=128, element_bitwidth=8, rank=2
+    )
+    scales_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+
+    b = gl.program_id(0).to(gl.int64)
+    split = gl.program_id(1)
+    length = gl.load(lens_ptr + b)
+    key_blocks = gl.minimum((length + BLOCK_SIZE - 1) // BLOCK_SIZE, num_ctx_blocks)
+    table_row = table_ptr + b * table_stride
+    out_row = out_ptr + b * out_stride
+
+    key_rows = gl.arange(0, BLOCK_SIZE, layout=gl.SliceLayout(1, keys_layout))
+    key_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, keys_layout))
+    key_offs = gl.expand_dims(key_rows * HEAD_DIM, 1) + gl.expand_dims(key_cols, 0)
+    scale_offs = gl.arange(0, BLOCK_SIZE, layout=copy_rows_layout)
+    keys_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_SIZE, HEAD_DIM], fp8_smem)
+    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE], scales_smem)
+    for s in gl.static_range(STAGES - 1):
+        _issue_page(
+            keys_ring, scales_ring, s, table_row, split + s * SPLITS, key_blocks, cache_ptr,
+            cache_block_stride, key_offs, scale_offs, HEAD_DIM,
+        )  # fmt: skip
+    q_smem, w = _queries_and_weights(q_ptr, w_ptr, b, H, HP, heads_layout)
+    out_rows = gl.arange(0, BLOCK_SIZE, layout=rows_layout)
+
+    i = 0
+    for j in range(split, key_blocks, SPLITS):
+        _issue_page(
+            keys_ring, scales_ring, (i + STAGES - 1) % STAGES, table_row,
+            j + (STAGES - 1) * SPLITS, key_blocks, cache_ptr, cache_block_stride, key_offs,
+            scale_offs, HEAD_DIM,
+        )  # fmt: skip
+        async_copy.wait_group(STAGES - 1)  # page j's group, the oldest
+        fence_async_shared()  # this thread's copies before the MMA's async-proxy reads
+        stage = i % STAGES
+        scale = scales_ring.index(stage).load(rows_layout).to(gl.float32, bitcast=True)
+        zero = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
+        acc = warpgroup_mma(keys_ring.index(stage), q_smem.permute((1, 0)), zero, use_acc=False)
+        _store_logits(acc, w, scale, j * BLOCK_SIZE + out_rows, length, max_ctx, out_row)
+        i += 1  # noqa: SIM113 (a kernel loop has no enumerate)
+    async_copy.wait_group(0)  # no copy outlives the program
+    _fill_past_keys(out_row, key_blocks + split, num_ctx_blocks, SPLITS, max_ctx, out_rows)
 
 
 @gluon.jit
@@ -195,7 +319,6 @@ def _mxfp4_paged_logits_kernel(
     groups_layout: gl.constexpr = gl.SliceLayout(2, words_layout)
     key_rows_layout: gl.constexpr = gl.SliceLayout(1, groups_layout)
     copy_rows_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     codes_smem: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=128, element_bitwidth=32, rank=2
     )
@@ -226,21 +349,10 @@ def _mxfp4_paged_logits_kernel(
     for s in gl.static_range(STAGES - 1):
         _issue_page(
             words_ring, scales_ring, s, table_row, split + s * SPLITS, key_blocks, cache_ptr,
-            cache_block_stride, word_offs, scale_offs,
+            cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
         )  # fmt: skip
 
-    # The queries in shared memory as the MMA's right operand ([HP, 128], K contiguous);
-    # padded heads are 0 with weight 0.
-    qh = gl.arange(0, HP, layout=gl.SliceLayout(1, q_layout))
-    qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
-    q = gl.load(
-        q_ptr + (b * H + gl.expand_dims(qh, 1)) * HEAD_DIM + gl.expand_dims(qd, 0),
-        mask=gl.expand_dims(qh < H, 1),
-        other=0.0,
-    )
-    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [HP, HEAD_DIM], fp8_smem, q)
-    heads = gl.arange(0, HP, layout=heads_layout)
-    w = gl.load(w_ptr + b * H + heads, mask=heads < H, other=0.0)
+    q_smem, w = _queries_and_weights(q_ptr, w_ptr, b, H, HP, heads_layout)
     # The page's e4m3 codes: stored as int32 words, read by the MMA as fp8 (same bytes: both
     # layouts swizzle 16-byte chunks of 128-byte rows).
     a_words = gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE, 32], codes_smem)
@@ -265,7 +377,7 @@ def _mxfp4_paged_logits_kernel(
         _issue_page(
             words_ring, scales_ring, (i + STAGES - 1) % STAGES, table_row,
             j + (STAGES - 1) * SPLITS, key_blocks, cache_ptr, cache_block_stride, word_offs,
-            scale_offs,
+            scale_offs, ELEM_BYTES,
         )  # fmt: skip
         # Pages j and j + SPLITS complete (the next page's codes decide its fold, below)
         async_copy.wait_group(STAGES - 2)
@@ -305,48 +417,51 @@ def _mxfp4_paged_logits_kernel(
                 acc += _group_product(a_words, a_codes, q_smem, words, groups, row_scales, g,
                                       HP, acc_layout, groups_layout)  # fmt: skip
             scale = gl.full([BLOCK_SIZE], 1.0, gl.float32, rows_layout)
-        relu = gl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL)
-        logits = gl.sum(relu * gl.expand_dims(w, 0), axis=1) * scale
-        logits = gl.where(tok < length, logits, float("-inf"))
-        gl.store(out_row + tok, logits, mask=tok < max_ctx)
+        _store_logits(acc, w, scale, tok, length, max_ctx, out_row)
         # The next page's decision, after this page's product (its barrier ends the reads of
         # the flags above) and before the next wait's barrier (which makes them visible).
         _note_spread(flags.index((i + 1) % 2), next_scales, tok + SPLITS * BLOCK_SIZE, length)
         i += 1  # noqa: SIM113 (a kernel loop has no enumerate)
     async_copy.wait_group(0)  # no copy outlives the program
 
-    neg_inf = gl.full([BLOCK_SIZE], float("-inf"), gl.float32, rows_layout)
-    for j in range(key_blocks + split, num_ctx_blocks, SPLITS):
-        tok = j * BLOCK_SIZE + out_rows
-        gl.store(out_row + tok, neg_inf, mask=tok < max_ctx)
+    _fill_past_keys(out_row, key_blocks + split, num_ctx_blocks, SPLITS, max_ctx, out_rows)
 
 
-def default_splits(batch: int, num_ctx_blocks: int, multiprocessors: int) -> int:
-    """Programs per request: about PROGRAMS_PER_SM resident programs a multiprocessor in one
-    wave (132 registers a thread: 3 programs of 4 warps), each with at least 4 pages."""
-    waves_worth = max(1, PROGRAMS_PER_SM * multiprocessors // max(batch, 1))
+# Per key format: its kernel, the bytes of a key's elements, the default stages, and the
+# programs that fit on a multiprocessor (mxfp4: 156 registers a thread, 3 programs of 4 warps;
+# fp8: 64 registers, 5 programs by shared memory at 4 stages of 8.25 KiB beside the queries).
+KERNELS = {
+    "mxfp4": (_mxfp4_paged_logits_kernel, 64, 6, 3),
+    "fp8": (_fp8_paged_logits_kernel, 128, 4, 5),
+}
+
+
+def default_splits(batch: int, num_ctx_blocks: int, multiprocessors: int, per_sm: int) -> int:
+    """Programs per request: about ``per_sm`` resident programs a multiprocessor in one wave,
+    each with at least 4 pages."""
+    waves_worth = max(1, per_sm * multiprocessors // max(batch, 1))
     return max(1, min(triton.cdiv(num_ctx_blocks, 4), waves_worth))
-
-
-PROGRAMS_PER_SM = 3
 
 
 def logits_paged(
     q: torch.Tensor,  # [B, 1, H, 128] float8_e4m3fn
     weights: torch.Tensor,  # [B, H] float32
-    cache: torch.Tensor,  # [num_blocks, 64 * 68] uint8
+    cache: torch.Tensor,  # [num_blocks, 64 * bytes_per_token] uint8
+    fmt: str,  # "mxfp4" or "fp8"
     block_table: torch.Tensor,  # [B, max_blocks] int32
     context_lens: torch.Tensor,  # [B, 1] int32
     max_ctx: int,
     splits: int | None = None,
-    stages: int = 6,
+    stages: int | None = None,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
-    """The kernel's launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
+    """The kernels' launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
-    ``stages``: pages a program has in flight or in hand (at least 3: the page scored, the
-    next one, whose codes decide its fold, and one in flight)."""
-    if stages < 3:
-        raise ValueError(f"gluon logits_paged: stages must be >= 3, got {stages}")
+    ``stages``: pages a program has in flight or in hand (mxfp4: at least 3, the page scored,
+    the next one, whose codes decide its fold, and one in flight; fp8: at least 2)."""
+    kernel, _, default_stages, per_sm = KERNELS[fmt]
+    stages = default_stages if stages is None else stages
+    if stages < (3 if fmt == "mxfp4" else 2):
+        raise ValueError(f"gluon logits_paged: stages={stages} is too few for {fmt} keys")
     B, H = q.shape[0], q.shape[2]
     out = torch.empty((B, max_ctx), dtype=torch.float32, device=q.device)
     if B == 0 or max_ctx == 0:
@@ -354,9 +469,9 @@ def logits_paged(
     num_ctx_blocks = triton.cdiv(max_ctx, BLOCK_SIZE.value)
     if splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        splits = default_splits(B, num_ctx_blocks, sms)
+        splits = default_splits(B, num_ctx_blocks, sms, per_sm)
     table = block_table.to(torch.int32)
-    _mxfp4_paged_logits_kernel[(B, splits)](
+    kernel[(B, splits)](
         q.contiguous(),
         weights.contiguous().float(),
         cache,
@@ -378,10 +493,10 @@ def logits_paged(
 
 
 def shape_reasons(q: torch.Tensor, cache: torch.Tensor, fmt: str) -> list[str]:
-    """Why this kernel cannot take the call (empty when it can); such calls go to Triton's."""
+    """Why these kernels cannot take the call (empty when they can); such calls go to Triton's."""
+    if fmt not in KERNELS:
+        return [f"it reads {list(KERNELS)} index keys, got {fmt!r}"]
     reasons = []
-    if fmt != "mxfp4":
-        reasons.append(f"it reads mxfp4 index keys, got {fmt!r}")
     if q.dtype != torch.float8_e4m3fn:
         reasons.append(f"it multiplies fp8 queries, got {q.dtype}")
     if q.dim() != 4 or q.shape[1] != 1 or q.shape[3] != HEAD_DIM.value or q.shape[2] > MAX_HEADS:
@@ -389,9 +504,9 @@ def shape_reasons(q: torch.Tensor, cache: torch.Tensor, fmt: str) -> list[str]:
             f"it takes q [B, 1, H <= {MAX_HEADS}, {HEAD_DIM.value}] (one query row a request), got "
             f"{tuple(q.shape)}"
         )
-    page_bytes = BLOCK_SIZE.value * (ELEM_BYTES.value + 4)
+    page_bytes = BLOCK_SIZE.value * (KERNELS[fmt][1] + 4)
     if cache.dim() != 2 or cache.shape[1] != page_bytes or cache.stride(1) != 1:
-        reasons.append(f"it reads contiguous 64-token pages of {page_bytes} B")
+        reasons.append(f"it reads contiguous 64-token pages of {page_bytes} B for {fmt} keys")
     elif cache.stride(0) % 16 or cache.data_ptr() % 16:
         reasons.append(
             "it copies 16-byte chunks: the page stride and start must be 16-byte aligned"

@@ -47,7 +47,7 @@ def test_refusals_name_what_the_kernel_needs(monkeypatch):
     assert switched_on == []  # on a machine without a GPU only the device is missing
     cases = {
         "sm_100": OpSpec(**{**SPEC.__dict__, "arch": "sm_100"}),
-        "index-key format": OpSpec(**{**SPEC.__dict__, "formats": ("fp8",)}),
+        "index-key format": OpSpec(**{**SPEC.__dict__, "formats": ("bf16",)}),
         "query dtype": OpSpec(**{**SPEC.__dict__, "dtype": "bfloat16"}),
         "64-token pages": OpSpec(**{**SPEC.__dict__, "block_size": 32}),
         "head_dim 128": OpSpec(**{**SPEC.__dict__, "head_dim": 64}),
@@ -64,7 +64,12 @@ def test_chosen_over_triton_for_mxfp4_keys_only_when_on(monkeypatch):
     monkeypatch.setenv("HWRUN_GLUON", "1")
     assert registry.select(SPEC).impl.name == "gluon"
     fp8_keys = OpSpec(**{**SPEC.__dict__, "formats": ("fp8",)})
-    assert registry.select(fp8_keys).impl.name != "gluon"
+    assert registry.select(fp8_keys).impl.name == "gluon"  # no DeepGEMM here
+    monkeypatch.setattr("hwrun_nvidia.deepgemm.importable", lambda name: True)
+    with_deepgemm = OpRegistry("nvidia")
+    plugin.hwrun_register_ops(with_deepgemm)
+    assert with_deepgemm.select(fp8_keys).impl.name == "deepgemm"  # DeepGEMM keeps fp8 keys
+    assert with_deepgemm.select(SPEC).impl.name == "gluon"  # it reads no mxfp4
     monkeypatch.setenv("HWRUN_GLUON", "0")
     assert registry.select(SPEC).impl.name == "triton"
 
@@ -75,7 +80,9 @@ def test_shape_reasons_send_other_calls_to_triton():
     q = torch.zeros(2, 1, 64, 128, dtype=torch.float8_e4m3fn)
     cache = torch.zeros(8, 64 * 68, dtype=torch.uint8)
     assert kernel.shape_reasons(q, cache, "mxfp4") == []
-    assert kernel.shape_reasons(q, cache, "fp8")
+    assert kernel.shape_reasons(q, torch.zeros(8, 64 * 132, dtype=torch.uint8), "fp8") == []
+    assert kernel.shape_reasons(q, cache, "fp8")  # an mxfp4-sized page
+    assert kernel.shape_reasons(q, cache, "bf16")
     assert kernel.shape_reasons(q.to(torch.bfloat16), cache, "mxfp4")
     assert kernel.shape_reasons(torch.zeros(2, 2, 64, 128, dtype=q.dtype), cache, "mxfp4")
     assert kernel.shape_reasons(torch.zeros(2, 1, 256, 128, dtype=q.dtype), cache, "mxfp4")
@@ -85,17 +92,17 @@ def test_shape_reasons_send_other_calls_to_triton():
 
 
 def test_default_splits_fill_one_wave():
-    from hwrun_nvidia.gluon_paged_logits import PROGRAMS_PER_SM, default_splits
+    from hwrun_nvidia.gluon_paged_logits import default_splits
 
-    assert default_splits(64, 2048, 132) * 64 <= PROGRAMS_PER_SM * 132
-    assert default_splits(1, 2048, 132) == PROGRAMS_PER_SM * 132
-    assert default_splits(1, 8, 132) == 2  # at least 4 pages a program
-    assert default_splits(1024, 2048, 132) == 1
+    assert default_splits(64, 2048, 132, 3) * 64 <= 3 * 132
+    assert default_splits(1, 2048, 132, 3) == 3 * 132
+    assert default_splits(1, 8, 132, 3) == 2  # at least 4 pages a program
+    assert default_splits(1024, 2048, 132, 5) == 1
 
 
-def _build(heads: int) -> str:
-    """In the child: the kernel's sm_90 cubin for ``heads`` query heads, as cuobjdump's
-    resource usage and SASS."""
+def _build(fmt: str, heads: int) -> str:
+    """In the child: the ``fmt`` keys' kernel's sm_90 cubin for ``heads`` query heads, as
+    cuobjdump's resource usage and SASS."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -122,12 +129,11 @@ def _build(heads: int) -> str:
     }
     # As a launch specialises them: 16-byte aligned pointers and a page stride of 16 B units.
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
-    source = GluonASTSource(
-        kernel._mxfp4_paged_logits_kernel, signature, {"H": heads, "HP": padded, "STAGES": 6}, attrs
-    )
+    fn, _, stages, _ = kernel.KERNELS[fmt]
+    source = GluonASTSource(fn, signature, {"H": heads, "HP": padded, "STAGES": stages}, attrs)
     compiled = triton.compile(source, GPUTarget("cuda", 90, 32), {"num_warps": 4})
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-    path = os.path.join(os.environ["OUT_DIR"], f"kernel{heads}.cubin")
+    path = os.path.join(os.environ["OUT_DIR"], f"{fmt}{heads}.cubin")
     with open(path, "wb") as f:
         f.write(compiled.asm["cubin"])
     usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True)
@@ -135,24 +141,31 @@ def _build(heads: int) -> str:
     return usage.stdout + sass.stdout
 
 
-@pytest.mark.parametrize("heads", [10, 64, 128])
-def test_cubin_for_sm90_keeps_the_design(heads, tmp_path):
+@pytest.mark.parametrize("fmt,heads", [("mxfp4", 10), ("mxfp4", 64), ("mxfp4", 128), ("fp8", 64)])
+def test_cubin_for_sm90_keeps_the_design(fmt, heads, tmp_path):
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["OUT_DIR"] = str(tmp_path)
     child = subprocess.run(
-        [sys.executable, __file__, str(heads)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, __file__, fmt, str(heads)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert child.returncode == 0, child.stderr[-3000:]
     out = child.stdout
     regs = int(re.search(r"REG:(\d+)", out).group(1))
     assert "LOCAL:0" in out, out[:400]  # no spills
-    if heads <= 64:  # 3 programs an SM (at 128 heads the two accumulators take 128 registers)
-        assert regs <= 168, regs
-    assert "LDGSTS.E.BYPASS.128" in out  # packed keys by 16-byte cp.async
-    assert "STS.128" in out and "STS.U8" not in out  # codes stored 16 bytes at a time
+    assert "LDGSTS.E.BYPASS.128" in out  # keys by 16-byte cp.async
     assert "QGMMA" in out and "E4M3.E4M3" in out  # the fp8 warpgroup MMA
+    if fmt == "mxfp4":
+        assert "STS.128" in out and "STS.U8" not in out  # codes stored 16 bytes at a time
+        if heads <= 64:  # 3 programs an SM (at 128 heads two accumulators take 128 registers)
+            assert regs <= 168, regs
+    else:
+        assert regs <= 96, regs  # the keys never pass through registers
 
 
 if __name__ == "__main__":
-    print(_build(int(sys.argv[1])))
+    print(_build(sys.argv[1], int(sys.argv[2])))

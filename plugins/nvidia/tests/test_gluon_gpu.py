@@ -1,8 +1,8 @@
-"""The Gluon mxfp4 paged-logits kernel on an H200 (sm_90) against the reference, on fresh random
-keys: ragged and empty requests, padded head counts, the split and stage options, a key whose
-group exponents span too much to fold (the four-product path), a NaN scale code, pages past a
-request and rows past max_ctx, the engine's decode shape, CUDA-graph replay, and the registry
-choosing it under HWRUN_GLUON=1.
+"""The Gluon paged-logits kernels (mxfp4 and fp8 keys) on an H200 (sm_90) against the reference,
+on fresh random keys: ragged and empty requests, padded head counts, the split and stage
+options, an mxfp4 key whose group exponents span too much to fold (the four-product path), a
+NaN scale code, pages past a request and rows past max_ctx, the engine's decode shape, CUDA-graph
+replay, and the registry choosing them under HWRUN_GLUON=1.
 
 Run on the H200 with ``PYTHONPATH=core:plugins/nvidia:. pytest plugins/nvidia/tests``.
 """
@@ -28,35 +28,41 @@ def _kernel():
     return pytest.importorskip("hwrun_nvidia.gluon_paged_logits")
 
 
-def _check(q, w, cache, table, lens, max_ctx, **options):
-    got = _kernel().logits_paged(q, w, cache, table, lens, max_ctx, **options)
-    want = ref_indexer.logits_paged(q, w, cache, "mxfp4", table, lens, max_ctx)
+FORMATS = ["mxfp4", "fp8"]
+
+
+def _check(q, w, cache, table, lens, max_ctx, fmt="mxfp4", **options):
+    got = _kernel().logits_paged(q, w, cache, fmt, table, lens, max_ctx, **options)
+    want = ref_indexer.logits_paged(q, w, cache, fmt, table, lens, max_ctx)
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     keep = ~torch.isnan(want)
     assert relative_error(got[keep], want[keep]) < 2e-3
     return got
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("heads", [64, 32, 10, 128])
-def test_matches_the_reference(heads):
+def test_matches_the_reference(fmt, heads):
     torch.manual_seed(heads)
-    q, w, cache, table, lens = paged_inputs("mxfp4", 5, 4096, heads, 1, torch.float8_e4m3fn)
+    q, w, cache, table, lens = paged_inputs(fmt, 5, 4096, heads, 1, torch.float8_e4m3fn)
     lens[1], lens[2], lens[3] = 1, 63, 65  # a token, a page but one, a page and one
-    _check(q, w, cache, table, lens, 4096)
+    _check(q, w, cache, table, lens, 4096, fmt)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("splits,stages", [(1, 3), (3, 4), (None, 6), (64, 8)])
-def test_every_split_and_stage_count(splits, stages):
+def test_every_split_and_stage_count(fmt, splits, stages):
     torch.manual_seed(7)
-    q, w, cache, table, lens = paged_inputs("mxfp4", 3, 8192, 64, 1, torch.float8_e4m3fn)
-    _check(q, w, cache, table, lens, 8192, splits=splits, stages=stages)
+    q, w, cache, table, lens = paged_inputs(fmt, 3, 8192, 64, 1, torch.float8_e4m3fn)
+    _check(q, w, cache, table, lens, 8192, fmt, splits=splits, stages=stages)
 
 
-def test_max_ctx_cuts_rows_and_pages_past_it():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_max_ctx_cuts_rows_and_pages_past_it(fmt):
     torch.manual_seed(3)
-    q, w, cache, table, lens = paged_inputs("mxfp4", 4, 4096, 64, 1, torch.float8_e4m3fn)
+    q, w, cache, table, lens = paged_inputs(fmt, 4, 4096, 64, 1, torch.float8_e4m3fn)
     lens.clamp_(max=3000)
-    got = _check(q, w, cache, table, lens, 3001)  # 3001 columns: the last page cut short
+    got = _check(q, w, cache, table, lens, 3001, fmt)  # 3001 columns: the last page cut short
     assert got.shape == (4, 3001)
     assert (got[0] == float("-inf")).all()  # paged_inputs' empty request
 
@@ -83,42 +89,49 @@ def test_groups_too_far_apart_to_fold_and_a_nan_code():
     assert torch.isnan(got[0, 3 * 64 + 9]) and torch.isnan(got).sum() == 1
 
 
-def test_the_engines_decode_shape():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_engines_decode_shape(fmt):
     """64 requests of 32K tokens (the bench model's 64 index heads), pages in random order."""
     torch.manual_seed(11)
-    q, w, cache, table, lens = paged_inputs("mxfp4", 64, 32768, 64, 1, torch.float8_e4m3fn)
-    _check(q, w, cache, table, lens, 32768)
+    q, w, cache, table, lens = paged_inputs(fmt, 64, 32768, 64, 1, torch.float8_e4m3fn)
+    _check(q, w, cache, table, lens, 32768, fmt)
 
 
-def test_graph_replay_matches_eager():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_graph_replay_matches_eager(fmt):
     from test_adapters_gpu import _replay_matches_eager  # this directory, on sys.path in tests
 
     kernel = _kernel()
 
     def make_inputs():
-        return paged_inputs("mxfp4", 4, 4096, 64, 1, torch.float8_e4m3fn)
+        return paged_inputs(fmt, 4, 4096, 64, 1, torch.float8_e4m3fn)
 
     def fn(q, w, cache, table, lens):
-        return (kernel.logits_paged(q, w, cache, table, lens, 4096),)
+        return (kernel.logits_paged(q, w, cache, fmt, table, lens, 4096),)
 
     _replay_matches_eager(fn, make_inputs)
 
 
 def test_served_under_the_switch(monkeypatch):
+    import importlib.util
+
     from hwrun.registry import OpRegistry, OpSpec
     from hwrun_nvidia import plugin
 
     monkeypatch.setenv("HWRUN_GLUON", "1")
     registry = OpRegistry("nvidia")
     plugin.hwrun_register_ops(registry)
-    spec = OpSpec(
-        op="indexer.logits_paged", dtype="float8_e4m3fn", formats=("mxfp4",), num_heads=64,
-        head_dim=128, block_size=64, device_type="cuda", arch="sm_90",
-    )  # fmt: skip
-    impl = registry.select(spec).impl
-    assert impl.name == "gluon"
-    for next_n in (1, 2):  # two query rows a request: the adapter hands the call to Triton's
-        q, w, cache, table, lens = paged_inputs("mxfp4", 2, 4096, 64, next_n, torch.float8_e4m3fn)
-        got = impl.fn(q, w, cache, "mxfp4", table, lens, 4096)
-        want = ref_indexer.logits_paged(q, w, cache, "mxfp4", table, lens, 4096)
-        assert relative_error(got, want) < 2e-3
+    has_deepgemm = importlib.util.find_spec("deep_gemm") is not None
+    for fmt in FORMATS:
+        spec = OpSpec(
+            op="indexer.logits_paged", dtype="float8_e4m3fn", formats=(fmt,), num_heads=64,
+            head_dim=128, block_size=64, device_type="cuda", arch="sm_90",
+        )  # fmt: skip
+        impl = registry.select(spec).impl
+        assert impl.name == ("deepgemm" if fmt == "fp8" and has_deepgemm else "gluon")
+        gluon_impl = next(i for i in registry.impls("indexer.logits_paged") if i.name == "gluon")
+        for next_n in (1, 2):  # two query rows a request: the adapter hands the call to Triton's
+            q, w, cache, table, lens = paged_inputs(fmt, 2, 4096, 64, next_n, torch.float8_e4m3fn)
+            got = gluon_impl.fn(q, w, cache, fmt, table, lens, 4096)
+            want = ref_indexer.logits_paged(q, w, cache, fmt, table, lens, 4096)
+            assert relative_error(got, want) < 2e-3
