@@ -52,9 +52,10 @@ KNOBS: dict[str, str] = {
     "timed it. Any other "
     "value is refused. Not in batch-invariant mode.",
     "HWRUN_GLUON": "1 (also true, yes, on): on NVIDIA Hopper (sm_90), the NVIDIA plugin's "
-    "Gluon kernels serve the ops they cover, above the Triton tier (today indexer.logits_paged "
-    "over mxfp4 index keys with fp8 queries). 0 or unset (default): off, until an H200 run has "
-    "checked them against the reference. Any other value is refused.",
+    "Gluon kernels serve the ops they cover, above the Triton tier and under DeepGEMM (today "
+    "indexer.logits_paged with fp8 queries over mxfp4 index keys, and fp8 ones). 0 or unset "
+    "(default): off, until an H200 run has checked them against the reference. Any other value "
+    "is refused.",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
     "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "
     "(slow: for CI and debugging; vendor-library adapters still need their device). Triton reads "
