@@ -213,10 +213,10 @@ def _fill_past_keys(out_row, first, num_ctx_blocks, SPLITS, max_ctx, out_rows):
 
 
 @gluon.jit
-def _fp8_paged_logits_kernel(
+def _paged_logits_kernel(
     q_ptr,  # [B, 1, H, 128] float8_e4m3fn
     w_ptr,  # [B, H] float32
-    cache_ptr,  # [num_blocks, 64 * 132] uint8: 64 keys' e4m3 codes, then their fp32 scales
+    cache_ptr,  # [num_blocks, 64 * bytes_per_token] uint8: 64 keys' elements, then their scales
     table_ptr,  # [B, max_blocks] int32
     lens_ptr,  # [B, 1] int32
     out_ptr,  # [B, max_ctx] float32
@@ -229,14 +229,45 @@ def _fp8_paged_logits_kernel(
     H: gl.constexpr,
     HP: gl.constexpr,
     STAGES: gl.constexpr,
+    MXFP4: gl.constexpr,  # mxfp4 keys (68 B a token), else fp8 (132 B)
 ):
-    """fp8 keys: each page's codes go by cp.async straight into an MMA-swizzled ring stage,
-    which the warpgroup MMA reads as it lies; no register ever holds a key."""
+    """Program (b, split) scores pages split, split + SPLITS, ... of request b (STAGES pages in
+    flight or in hand, by cp.async into a ring in shared memory), then writes -inf over its
+    share of the pages past the request's length."""
     gl.static_assert(gl.num_warps() == 4, "one warpgroup: the MMA's 64 rows")
-    gl.static_assert(STAGES >= 2, "a page in hand and one in flight")
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HP, 32]
     )
+    b = gl.program_id(0).to(gl.int64)
+    split = gl.program_id(1)
+    length = gl.load(lens_ptr + b)
+    key_blocks = gl.minimum((length + BLOCK_SIZE - 1) // BLOCK_SIZE, num_ctx_blocks)
+    table_row = table_ptr + b * table_stride
+    out_row = out_ptr + b * out_stride
+    out_rows = gl.arange(0, BLOCK_SIZE, layout=gl.SliceLayout(1, acc_layout))
+    if MXFP4:
+        _score_mxfp4_pages(
+            q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split,
+            length, key_blocks, max_ctx, SPLITS, H, HP, STAGES, acc_layout,
+        )  # fmt: skip
+    else:
+        _score_fp8_pages(
+            q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split,
+            length, key_blocks, max_ctx, SPLITS, H, HP, STAGES, acc_layout,
+        )  # fmt: skip
+    async_copy.wait_group(0)  # no copy outlives the program
+    _fill_past_keys(out_row, key_blocks + split, num_ctx_blocks, SPLITS, max_ctx, out_rows)
+
+
+@gluon.jit
+def _score_fp8_pages(
+    q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split, length,
+    key_blocks, max_ctx, SPLITS, H: gl.constexpr, HP: gl.constexpr, STAGES: gl.constexpr,
+    acc_layout: gl.constexpr,
+):  # fmt: skip
+    """fp8 keys: each page's codes go by cp.async straight into an MMA-swizzled ring stage,
+    which the warpgroup MMA reads as it lies; no register ever holds a key."""
+    gl.static_assert(STAGES >= 2, "a page in hand and one in flight")
     rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     heads_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
     keys_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
@@ -245,13 +276,6 @@ def _fp8_paged_logits_kernel(
         swizzle_byte_width=128, element_bitwidth=8, rank=2
     )
     scales_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-
-    b = gl.program_id(0).to(gl.int64)
-    split = gl.program_id(1)
-    length = gl.load(lens_ptr + b)
-    key_blocks = gl.minimum((length + BLOCK_SIZE - 1) // BLOCK_SIZE, num_ctx_blocks)
-    table_row = table_ptr + b * table_stride
-    out_row = out_ptr + b * out_stride
 
     key_rows = gl.arange(0, BLOCK_SIZE, layout=gl.SliceLayout(1, keys_layout))
     key_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, keys_layout))
@@ -265,7 +289,6 @@ def _fp8_paged_logits_kernel(
             cache_block_stride, key_offs, scale_offs, HEAD_DIM,
         )  # fmt: skip
     q_smem, w = _queries_and_weights(q_ptr, w_ptr, b, H, HP, heads_layout)
-    out_rows = gl.arange(0, BLOCK_SIZE, layout=rows_layout)
 
     i = 0
     for j in range(split, key_blocks, SPLITS):
@@ -282,36 +305,17 @@ def _fp8_paged_logits_kernel(
         acc = warpgroup_mma(keys_ring.index(stage), q_smem.permute((1, 0)), zero, use_acc=False)
         _store_logits(acc, w, scale, j * BLOCK_SIZE + out_rows, length, max_ctx, out_row)
         i += 1  # noqa: SIM113 (a kernel loop has no enumerate)
-    async_copy.wait_group(0)  # no copy outlives the program
-    _fill_past_keys(out_row, key_blocks + split, num_ctx_blocks, SPLITS, max_ctx, out_rows)
 
 
 @gluon.jit
-def _mxfp4_paged_logits_kernel(
-    q_ptr,  # [B, 1, H, 128] float8_e4m3fn
-    w_ptr,  # [B, H] float32
-    cache_ptr,  # [num_blocks, 64 * 68] uint8: 64 keys' packed bytes, then their 4 e8m0 codes
-    table_ptr,  # [B, max_blocks] int32
-    lens_ptr,  # [B, 1] int32
-    out_ptr,  # [B, max_ctx] float32
-    cache_block_stride,
-    table_stride,
-    out_stride,
-    max_ctx,
-    num_ctx_blocks,
-    SPLITS,
-    H: gl.constexpr,
-    HP: gl.constexpr,
-    STAGES: gl.constexpr,
-):
-    """Program (b, split) scores pages split, split + SPLITS, ... of request b (STAGES pages in
-    flight, by cp.async into a ring in shared memory), then writes -inf over its share of the
-    pages past the request's length."""
-    gl.static_assert(gl.num_warps() == 4, "one warpgroup: the MMA's 64 rows")
+def _score_mxfp4_pages(
+    q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split, length,
+    key_blocks, max_ctx, SPLITS, H: gl.constexpr, HP: gl.constexpr, STAGES: gl.constexpr,
+    acc_layout: gl.constexpr,
+):  # fmt: skip
+    """mxfp4 keys: each page's packed words and code words by cp.async into a ring, unpacked
+    to e4m3 codes with the groups' exponents folded in, one MMA a page (module docstring)."""
     gl.static_assert(STAGES >= 3, "a page in hand, the next one's codes, one in flight")
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HP, 32]
-    )
     rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     heads_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
     # Packed words [row, group, word]: a thread holds one group (16 bytes) of two rows.
@@ -329,13 +333,6 @@ def _mxfp4_paged_logits_kernel(
     scales_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     flags_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     flag_layout: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])  # all 4 in every thread
-
-    b = gl.program_id(0).to(gl.int64)
-    split = gl.program_id(1)
-    length = gl.load(lens_ptr + b)
-    key_blocks = gl.minimum((length + BLOCK_SIZE - 1) // BLOCK_SIZE, num_ctx_blocks)
-    table_row = table_ptr + b * table_stride
-    out_row = out_ptr + b * out_stride
 
     rows = gl.arange(0, BLOCK_SIZE, layout=key_rows_layout)
     groups = gl.arange(0, 4, layout=gl.SliceLayout(0, groups_layout))
@@ -360,7 +357,6 @@ def _mxfp4_paged_logits_kernel(
         a_codes = a_words.reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], fp8_smem)
     else:
         a_codes = a_words._reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], fp8_smem)
-    out_rows = gl.arange(0, BLOCK_SIZE, layout=rows_layout)
     # flags.index(p): each warp's widest key spread in the page of parity p (see _note_spread)
     flags = gl.allocate_shared_memory(gl.int32, [2, 4], flags_smem)
     async_copy.wait_group(STAGES - 2)  # the first page
@@ -422,18 +418,12 @@ def _mxfp4_paged_logits_kernel(
         # the flags above) and before the next wait's barrier (which makes them visible).
         _note_spread(flags.index((i + 1) % 2), next_scales, tok + SPLITS * BLOCK_SIZE, length)
         i += 1  # noqa: SIM113 (a kernel loop has no enumerate)
-    async_copy.wait_group(0)  # no copy outlives the program
-
-    _fill_past_keys(out_row, key_blocks + split, num_ctx_blocks, SPLITS, max_ctx, out_rows)
 
 
-# Per key format: its kernel, the bytes of a key's elements, the default stages, and the
-# programs that fit on a multiprocessor (mxfp4: 156 registers a thread, 3 programs of 4 warps;
-# fp8: 64 registers, 5 programs by shared memory at 4 stages of 8.25 KiB beside the queries).
-KERNELS = {
-    "mxfp4": (_mxfp4_paged_logits_kernel, 64, 6, 3),
-    "fp8": (_fp8_paged_logits_kernel, 128, 4, 5),
-}
+# Per key format: the kernel's MXFP4 switch, the bytes of a key's elements, the default stages
+# and the programs that fit on a multiprocessor (mxfp4: 156 registers a thread, 3 programs of 4
+# warps; fp8: 64 registers, 5 programs by shared memory at 4 stages of 8.25 KiB and the queries).
+KERNELS = {"mxfp4": (True, 64, 6, 3), "fp8": (False, 128, 4, 5)}
 
 
 def default_splits(batch: int, num_ctx_blocks: int, multiprocessors: int, per_sm: int) -> int:
@@ -458,7 +448,7 @@ def logits_paged(
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
     ``stages``: pages a program has in flight or in hand (mxfp4: at least 3, the page scored,
     the next one, whose codes decide its fold, and one in flight; fp8: at least 2)."""
-    kernel, _, default_stages, per_sm = KERNELS[fmt]
+    mxfp4, _, default_stages, per_sm = KERNELS[fmt]
     stages = default_stages if stages is None else stages
     if stages < (3 if fmt == "mxfp4" else 2):
         raise ValueError(f"gluon logits_paged: stages={stages} is too few for {fmt} keys")
@@ -471,7 +461,7 @@ def logits_paged(
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         splits = default_splits(B, num_ctx_blocks, sms, per_sm)
     table = block_table.to(torch.int32)
-    kernel[(B, splits)](
+    _paged_logits_kernel[(B, splits)](
         q.contiguous(),
         weights.contiguous().float(),
         cache,
@@ -487,6 +477,7 @@ def logits_paged(
         H=H,
         HP=max(16, triton.next_power_of_2(H)),
         STAGES=stages,
+        MXFP4=mxfp4,
         num_warps=4,
     )
     return out

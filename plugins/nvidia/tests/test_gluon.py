@@ -126,11 +126,13 @@ def _build(fmt: str, heads: int) -> str:
         "H": "constexpr",
         "HP": "constexpr",
         "STAGES": "constexpr",
+        "MXFP4": "constexpr",
     }
     # As a launch specialises them: 16-byte aligned pointers and a page stride of 16 B units.
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
-    fn, _, stages, _ = kernel.KERNELS[fmt]
-    source = GluonASTSource(fn, signature, {"H": heads, "HP": padded, "STAGES": stages}, attrs)
+    mxfp4, _, stages, _ = kernel.KERNELS[fmt]
+    constexprs = {"H": heads, "HP": padded, "STAGES": stages, "MXFP4": mxfp4}
+    source = GluonASTSource(kernel._paged_logits_kernel, signature, constexprs, attrs)
     compiled = triton.compile(source, GPUTarget("cuda", 90, 32), {"num_warps": 4})
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
     path = os.path.join(os.environ["OUT_DIR"], f"{fmt}{heads}.cubin")
