@@ -34,6 +34,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
+from hwrun.kernels.triton.indexer_logits import paged_kernel_args
+
 BLOCK_SIZE = gl.constexpr(64)  # tokens a page: one MMA's 64 rows
 ELEM_BYTES = gl.constexpr(64)  # packed e2m1 bytes a key
 HEAD_DIM = gl.constexpr(128)
@@ -462,17 +464,7 @@ def logits_paged(
         splits = default_splits(B, num_ctx_blocks, sms, per_sm)
     table = block_table.to(torch.int32)
     _paged_logits_kernel[(B, splits)](
-        q.contiguous(),
-        weights.contiguous().float(),
-        cache,
-        table,
-        context_lens.to(torch.int32).contiguous(),
-        out,
-        cache.stride(0),
-        table.stride(0),
-        out.stride(0),
-        max_ctx,
-        num_ctx_blocks,
+        *paged_kernel_args(q, weights, cache, table, context_lens, out, max_ctx, num_ctx_blocks),
         splits,
         H=H,
         HP=max(16, triton.next_power_of_2(H)),

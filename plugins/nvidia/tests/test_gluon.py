@@ -9,6 +9,7 @@ Its numerics are checked on the H200 (test_gluon_gpu.py) and its unpack by the P
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -110,24 +111,7 @@ def _build(fmt: str, heads: int) -> str:
     from hwrun_nvidia import gluon_paged_logits as kernel
 
     padded = max(16, triton.next_power_of_2(heads))
-    signature = {
-        "q_ptr": "*fp8e4nv",
-        "w_ptr": "*fp32",
-        "cache_ptr": "*u8",
-        "table_ptr": "*i32",
-        "lens_ptr": "*i32",
-        "out_ptr": "*fp32",
-        "cache_block_stride": "i64",
-        "table_stride": "i32",
-        "out_stride": "i32",
-        "max_ctx": "i32",
-        "num_ctx_blocks": "i32",
-        "SPLITS": "i32",
-        "H": "constexpr",
-        "HP": "constexpr",
-        "STAGES": "constexpr",
-        "MXFP4": "constexpr",
-    }
+    signature = json.loads(os.environ["SIGNATURE"])
     # As a launch specialises them: 16-byte aligned pointers and a page stride of 16 B units.
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
     mxfp4, _, stages, _ = kernel.KERNELS[fmt]
@@ -148,6 +132,13 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, tmp_path):
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["OUT_DIR"] = str(tmp_path)
+    # The Triton paged kernels' leading arguments, which the Gluon kernel shares
+    # (indexer_logits.paged_kernel_args), then its own.
+    from tests.kernels.test_compiles_for_hopper import PAGED
+
+    leading = {name: kind for name, kind in PAGED.items() if name != "key_rows"}
+    own = {"SPLITS": "i32", **dict.fromkeys(("H", "HP", "STAGES", "MXFP4"), "constexpr")}
+    env["SIGNATURE"] = json.dumps({**leading, **own})
     child = subprocess.run(
         [sys.executable, __file__, fmt, str(heads)],
         env=env,

@@ -412,6 +412,24 @@ def _tma_reasons(fmt: str, step: int, cache: torch.Tensor, block_size: int) -> l
     return reasons
 
 
+def paged_kernel_args(q, weights, cache, table, context_lens, out, max_ctx, num_ctx_blocks):
+    """The leading arguments of every paged-logits kernel (this module's two grids and the NVIDIA
+    plugin's Gluon kernel): the tensors as the kernels read them, their strides, the sizes."""
+    return (
+        q.contiguous(),
+        weights.contiguous().float(),
+        cache,
+        table,
+        context_lens.to(torch.int32).contiguous(),
+        out,
+        cache.stride(0),
+        table.stride(0),
+        out.stride(0),
+        max_ctx,
+        num_ctx_blocks,
+    )
+
+
 def logits_paged(
     q: torch.Tensor,  # [B, n, H, 128] float8_e4m3fn or bf16/fp16/fp32
     weights: torch.Tensor,  # [B * n, H] float32
@@ -485,17 +503,7 @@ def logits_paged(
     sms = _multiprocessors(q.device)
     table = block_table.to(torch.int32)
     args = (
-        q.contiguous(),
-        weights.contiguous().float(),
-        cache,
-        table,
-        context_lens.to(torch.int32).contiguous(),
-        out,
-        cache.stride(0),
-        table.stride(0),
-        out.stride(0),
-        max_ctx,
-        num_ctx_blocks,
+        *paged_kernel_args(q, weights, cache, table, context_lens, out, max_ctx, num_ctx_blocks),
         (cache.shape[0] - 1) * cache.stride(0) // HEAD_DIM + block_size,  # key rows for tma
     )
     meta = {
