@@ -101,6 +101,40 @@ def test_default_splits_fill_one_wave():
     assert default_splits(1024, 2048, 132, 5) == 1
 
 
+def _offsets_to_elements(layout, shape) -> list[tuple[int, int]]:
+    """Each shared-memory offset's (row, column) under ``layout`` (Triton's linear layout)."""
+    from triton._C.libtriton import gluon_ir, ir
+    from triton.experimental.gluon.language._semantic import GluonSemantic
+
+    context = ir.context()
+    ir.load_dialects(context)
+    bases = GluonSemantic(gluon_ir.GluonOpBuilder(context)).to_linear_layout(layout, shape)
+    bases = bases.value.offset_bases
+    elements = []
+    for offset in range(shape[0] * shape[1]):
+        row = column = 0
+        for bit, (r, c) in enumerate(bases):
+            if offset >> bit & 1:
+                row, column = row ^ r, column ^ c
+        elements.append((row, column))
+    return elements
+
+
+def test_int32_codes_are_read_as_fp8_in_place():
+    """The mxfp4 kernel stores each page's e4m3 codes as int32 words [64, 32] and the MMA reads
+    the same bytes as fp8 [64, 128]: both 128-byte-swizzled layouts must put code (r, 4c + i)
+    at byte 4 * (word offset of (r, c)) + i."""
+    gl = pytest.importorskip("triton.experimental.gluon.language")
+    try:
+        words = _offsets_to_elements(gl.NVMMASharedLayout(128, 32, rank=2), [64, 32])
+        codes = _offsets_to_elements(gl.NVMMASharedLayout(128, 8, rank=2), [64, 128])
+    except (ImportError, AttributeError, TypeError) as exc:  # Triton 3.6 has no host-side query
+        pytest.skip(f"this Triton cannot query a shared layout on the host: {exc}")
+    for byte, (row, column) in enumerate(codes):
+        word_row, word_column = words[byte // 4]
+        assert (row, column) == (word_row, 4 * word_column + byte % 4), byte
+
+
 def _build(fmt: str, heads: int) -> str:
     """In the child: the ``fmt`` keys' kernel's sm_90 cubin for ``heads`` query heads, as
     cuobjdump's resource usage and SASS."""
