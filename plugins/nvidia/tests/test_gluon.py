@@ -120,16 +120,28 @@ def _offsets_to_elements(layout, shape) -> list[tuple[int, int]]:
     return elements
 
 
+def _layouts() -> str:
+    """In the child: both layouts' offset -> element maps, as JSON."""
+    from triton.experimental.gluon import language as gl
+
+    words = _offsets_to_elements(gl.NVMMASharedLayout(128, 32, rank=2), [64, 32])
+    codes = _offsets_to_elements(gl.NVMMASharedLayout(128, 8, rank=2), [64, 128])
+    return json.dumps({"words": words, "codes": codes})
+
+
 def test_int32_codes_are_read_as_fp8_in_place():
     """The mxfp4 kernel stores each page's e4m3 codes as int32 words [64, 32] and the MMA reads
     the same bytes as fp8 [64, 128]: both 128-byte-swizzled layouts must put code (r, 4c + i)
-    at byte 4 * (word offset of (r, c)) + i."""
-    gl = pytest.importorskip("triton.experimental.gluon.language")
-    try:
-        words = _offsets_to_elements(gl.NVMMASharedLayout(128, 32, rank=2), [64, 32])
-        codes = _offsets_to_elements(gl.NVMMASharedLayout(128, 8, rank=2), [64, 128])
-    except (ImportError, AttributeError, TypeError) as exc:  # Triton 3.6 has no host-side query
-        pytest.skip(f"this Triton cannot query a shared layout on the host: {exc}")
+    at byte 4 * (word offset of (r, c)) + i. (In a child: Triton's bindings report leaks at the
+    exit of a process that built IR on the host.)"""
+    pytest.importorskip("triton.experimental.gluon")
+    child = subprocess.run(
+        [sys.executable, __file__, "layouts"], capture_output=True, text=True, timeout=120
+    )
+    if child.returncode != 0:  # Triton 3.6 has no host-side query of a shared layout
+        pytest.skip(f"this Triton cannot query a shared layout on the host: {child.stderr[-300:]}")
+    maps = json.loads(child.stdout.splitlines()[-1])
+    words, codes = maps["words"], maps["codes"]
     for byte, (row, column) in enumerate(codes):
         word_row, word_column = words[byte // 4]
         assert (row, column) == (word_row, 4 * word_column + byte % 4), byte
@@ -195,4 +207,4 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, tmp_path):
 
 
 if __name__ == "__main__":
-    print(_build(sys.argv[1], int(sys.argv[2])))
+    print(_layouts() if sys.argv[1] == "layouts" else _build(sys.argv[1], int(sys.argv[2])))
