@@ -70,6 +70,13 @@ or.b32 $1, s, t;
 GLUON_39 = gl.constexpr(hasattr(async_copy, "async_load"))
 _copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+# The MMA's fp8 operands in shared memory (keys and queries, K contiguous), and rows of one word
+# a token (the keys' scale words, copied one a thread).
+FP8_OPERAND_SMEM = gl.constexpr(
+    gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+)
+ROW_WORDS_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
+ROW_WORDS_COPY = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 TABLE_LOW = gl.constexpr(0x3C383000)  # e4m3 codes of 0, 0.5, 1, 1.5 (byte 0 first)
 TABLE_HIGH = gl.constexpr(0x4C484440)  # of 2, 3, 4, 6
 
@@ -89,12 +96,22 @@ def _byte(word, i: gl.constexpr):
 
 
 @gluon.jit
-def _spread(scales):
-    """Each key's largest e8m0 code minus its smallest (scales: its 4 codes as one word)."""
-    c0, c1, c2, c3 = _byte(scales, 0), _byte(scales, 1), _byte(scales, 2), _byte(scales, 3)
-    return gl.maximum(gl.maximum(c0, c1), gl.maximum(c2, c3)) - gl.minimum(
-        gl.minimum(c0, c1), gl.minimum(c2, c3)
+def _largest_code(scales):
+    """Each key's largest e8m0 code (scales: its 4 codes as one word)."""
+    return gl.maximum(
+        gl.maximum(_byte(scales, 0), _byte(scales, 1)),
+        gl.maximum(_byte(scales, 2), _byte(scales, 3)),
     )
+
+
+@gluon.jit
+def _spread(scales):
+    """Each key's largest e8m0 code minus its smallest."""
+    smallest = gl.minimum(
+        gl.minimum(_byte(scales, 0), _byte(scales, 1)),
+        gl.minimum(_byte(scales, 2), _byte(scales, 3)),
+    )
+    return _largest_code(scales) - smallest
 
 
 @gluon.jit
@@ -179,9 +196,6 @@ def _queries_and_weights(q_ptr, w_ptr, b, H: gl.constexpr, HP: gl.constexpr,
     """Request b's queries in shared memory as the MMA's right operand ([HP, 128], K
     contiguous) and its head weights [HP] (padded heads: q 0, weight 0)."""
     q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    fp8_smem: gl.constexpr = gl.NVMMASharedLayout(
-        swizzle_byte_width=128, element_bitwidth=8, rank=2
-    )
     qh = gl.arange(0, HP, layout=gl.SliceLayout(1, q_layout))
     qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
     q = gl.load(
@@ -189,7 +203,7 @@ def _queries_and_weights(q_ptr, w_ptr, b, H: gl.constexpr, HP: gl.constexpr,
         mask=gl.expand_dims(qh < H, 1),
         other=0.0,
     )
-    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [HP, HEAD_DIM], fp8_smem, q)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [HP, HEAD_DIM], FP8_OPERAND_SMEM, q)
     heads = gl.arange(0, HP, layout=heads_layout)
     w = gl.load(w_ptr + b * H + heads, mask=heads < H, other=0.0)
     return q_smem, w
@@ -273,18 +287,15 @@ def _score_fp8_pages(
     rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     heads_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
     keys_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    copy_rows_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    fp8_smem: gl.constexpr = gl.NVMMASharedLayout(
-        swizzle_byte_width=128, element_bitwidth=8, rank=2
-    )
-    scales_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
     key_rows = gl.arange(0, BLOCK_SIZE, layout=gl.SliceLayout(1, keys_layout))
     key_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, keys_layout))
     key_offs = gl.expand_dims(key_rows * HEAD_DIM, 1) + gl.expand_dims(key_cols, 0)
-    scale_offs = gl.arange(0, BLOCK_SIZE, layout=copy_rows_layout)
-    keys_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_SIZE, HEAD_DIM], fp8_smem)
-    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE], scales_smem)
+    scale_offs = gl.arange(0, BLOCK_SIZE, layout=ROW_WORDS_COPY)
+    keys_ring = gl.allocate_shared_memory(
+        gl.float8e4nv, [STAGES, BLOCK_SIZE, HEAD_DIM], FP8_OPERAND_SMEM
+    )
+    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE], ROW_WORDS_SMEM)
     for s in gl.static_range(STAGES - 1):
         _issue_page(
             keys_ring, scales_ring, s, table_row, split + s * SPLITS, key_blocks, cache_ptr,
@@ -324,16 +335,10 @@ def _score_mxfp4_pages(
     words_layout: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [4, 1, 1], [2, 1, 0])
     groups_layout: gl.constexpr = gl.SliceLayout(2, words_layout)
     key_rows_layout: gl.constexpr = gl.SliceLayout(1, groups_layout)
-    copy_rows_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     codes_smem: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=128, element_bitwidth=32, rank=2
     )
-    fp8_smem: gl.constexpr = gl.NVMMASharedLayout(
-        swizzle_byte_width=128, element_bitwidth=8, rank=2
-    )
     ring_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-    scales_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    flags_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     flag_layout: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])  # all 4 in every thread
 
     rows = gl.arange(0, BLOCK_SIZE, layout=key_rows_layout)
@@ -342,9 +347,9 @@ def _score_mxfp4_pages(
     word_offs = gl.expand_dims(
         gl.expand_dims(rows * 16, 1) + gl.expand_dims(groups * 4, 0), 2
     ) + gl.expand_dims(gl.expand_dims(in_group, 0), 1)
-    scale_offs = gl.arange(0, BLOCK_SIZE, layout=copy_rows_layout)
+    scale_offs = gl.arange(0, BLOCK_SIZE, layout=ROW_WORDS_COPY)
     words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE, 4, 4], ring_smem)
-    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE], scales_smem)
+    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE], ROW_WORDS_SMEM)
     for s in gl.static_range(STAGES - 1):
         _issue_page(
             words_ring, scales_ring, s, table_row, split + s * SPLITS, key_blocks, cache_ptr,
@@ -356,11 +361,11 @@ def _score_mxfp4_pages(
     # layouts swizzle 16-byte chunks of 128-byte rows).
     a_words = gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE, 32], codes_smem)
     if GLUON_39:
-        a_codes = a_words.reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], fp8_smem)
+        a_codes = a_words.reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], FP8_OPERAND_SMEM)
     else:
-        a_codes = a_words._reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], fp8_smem)
+        a_codes = a_words._reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], FP8_OPERAND_SMEM)
     # flags.index(p): each warp's widest key spread in the page of parity p (see _note_spread)
-    flags = gl.allocate_shared_memory(gl.int32, [2, 4], flags_smem)
+    flags = gl.allocate_shared_memory(gl.int32, [2, 4], ROW_WORDS_SMEM)
     async_copy.wait_group(STAGES - 2)  # the first page
     first_tok = split * BLOCK_SIZE + out_rows
     _note_spread(flags.index(0), scales_ring.index(0).load(rows_layout), first_tok, length)
@@ -390,28 +395,20 @@ def _score_mxfp4_pages(
         row_scales = gl.where(tok < length, row_scales, 0)
         next_scales = scales_ring.index((i + 1) % STAGES).load(rows_layout)
 
-        top = gl.maximum(
-            gl.maximum(_byte(key_scales, 0), _byte(key_scales, 1)),
-            gl.maximum(_byte(key_scales, 2), _byte(key_scales, 3)),
-        )
+        top = _largest_code(key_scales)
         codes = (gl.expand_dims(key_scales, 1) >> gl.expand_dims(groups * 8, 0)) & 0xFF
         shift = gl.expand_dims(top, 1) - codes
         widest = gl.max(flags.index(i % 2).load(flag_layout), axis=0)
         if widest <= MAX_FOLD:
             acc = _page_product(a_words, a_codes, q_smem, _unpacked(words, shift), HP, acc_layout)
-            scale = _power_of_two(
-                gl.maximum(
-                    gl.maximum(_byte(row_scales, 0), _byte(row_scales, 1)),
-                    gl.maximum(_byte(row_scales, 2), _byte(row_scales, 3)),
-                )
-            )
+            scale = _power_of_two(_largest_code(row_scales))
         else:
             # Four products, group g's codes alone (the others' words zeroed) scaled by 2^e_g.
             # The first outside the loop: its barrier then ends this iteration's reads of the
             # ring and the flags on this path too, so the writes that follow need none.
             acc = _group_product(a_words, a_codes, q_smem, words, groups, row_scales, 0, HP,
                                  acc_layout, groups_layout)  # fmt: skip
-            for g in range(1, 4):  # not unrolled: one product's registers at a time
+            for g in range(1, 4):
                 acc += _group_product(a_words, a_codes, q_smem, words, groups, row_scales, g,
                                       HP, acc_layout, groups_layout)  # fmt: skip
             scale = gl.full([BLOCK_SIZE], 1.0, gl.float32, rows_layout)
