@@ -54,7 +54,7 @@ KNOBS: dict[str, str] = {
     "HWRUN_GLUON": "1 (also true, yes, on): on NVIDIA Hopper (sm_90), the NVIDIA plugin's "
     "Gluon kernels serve the ops they cover, above the Triton tier and under DeepGEMM (today "
     "indexer.logits_paged with fp8 queries over mxfp4 index keys, and fp8 ones). 0 or unset "
-    "(default): off, until an H200 run has checked them against the reference. Any other value "
+    "(default): off (checked against the reference on an H200 once, 2026-12-05). Any other value "
     "is refused.",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
     "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "

@@ -110,10 +110,10 @@ def test_impls_the_plugin_has_not_run_on_hardware_say_so(monkeypatch):
     plugin_set = load_plugins([])
     report = _report(plugin_set, ["nvidia", "amd"])
     ops = {row["op"]: row["platforms"] for row in report["ops"]}
-    # The NVIDIA plugin names its H200-validated impls (DeepGEMM refuses CPU tensors here),
-    # and the one that has not run on a GPU yet (the Gluon mxfp4 kernel).
+    # The NVIDIA plugin names its H200-validated impls, each with the architecture it ran on
+    # (DeepGEMM and Gluon refuse CPU tensors here).
     assert ops["indexer.logits_paged"]["nvidia"]["hardware"] == (
-        "validated: deepgemm on sm_90, triton on sm_90; not validated on hardware: gluon"
+        "validated: deepgemm on sm_90, gluon on sm_90, triton on sm_90"
     )
     assert ops["indexer.logits_paged"]["nvidia"]["tier"] == "portable Triton"
     # AMD's Triton tier has never run on an AMD GPU: every one of its impls says so.

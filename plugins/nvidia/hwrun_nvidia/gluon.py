@@ -1,5 +1,5 @@
-"""The NVIDIA plugin's Gluon kernels (Hopper, sm_90), behind ``HWRUN_GLUON`` until an H200 run
-has checked them: today ``indexer.logits_paged`` over mxfp4 and fp8 index keys
+"""The NVIDIA plugin's Gluon kernels (Hopper, sm_90), behind ``HWRUN_GLUON`` (off by default;
+tested on an H200): today ``indexer.logits_paged`` over mxfp4 and fp8 index keys
 (:mod:`hwrun_nvidia.gluon_paged_logits`), a call they do not cover (more than one query row a
 request, other queries) going to the Triton kernel. Priority 15: above the Triton tier, under
 DeepGEMM, which keeps the fp8 keys where it is installed (it reads no mxfp4).
@@ -21,8 +21,7 @@ def _validate(spec: OpSpec) -> list[str]:
     reasons = []
     if not knobs.gluon_kernels():
         reasons.append(
-            "HWRUN_GLUON is off: the Gluon kernels are not yet validated on hardware (set "
-            "HWRUN_GLUON=1 to use them)"
+            "HWRUN_GLUON is off (set HWRUN_GLUON=1 to use the Gluon kernels)"
         )
     if not importable("triton.experimental.gluon"):
         reasons.append("this Triton has no Gluon (it ships with Triton 3.5 and later)")

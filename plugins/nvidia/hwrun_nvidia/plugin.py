@@ -59,6 +59,7 @@ HARDWARE_VALIDATED = tuple(
         ("torch", ("indexer.to_slots", "moe.route")),
         ("deepgemm", ("dense.linear_a8w8", "indexer.logits_paged", "indexer.logits_ragged")),
         ("flashmla", ("sparse_mla.decode", "sparse_mla.prefill")),
+        ("gluon", ("indexer.logits_paged",)),
     )
     for op in ops
 )
