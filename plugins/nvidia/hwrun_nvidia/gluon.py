@@ -20,9 +20,7 @@ from hwrun_nvidia.device_checks import cuda_reasons, importable
 def _validate(spec: OpSpec) -> list[str]:
     reasons = []
     if not knobs.gluon_kernels():
-        reasons.append(
-            "HWRUN_GLUON is off (set HWRUN_GLUON=1 to use the Gluon kernels)"
-        )
+        reasons.append("HWRUN_GLUON is off (set HWRUN_GLUON=1 to use the Gluon kernels)")
     if not importable("triton.experimental.gluon"):
         reasons.append("this Triton has no Gluon (it ships with Triton 3.5 and later)")
     reasons += cuda_reasons(spec, min_sm=90)
