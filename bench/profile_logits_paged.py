@@ -1,10 +1,13 @@
-"""One fp8 and one mxfp4 indexer.logits_paged launch at B=64, ctx 131072, for a profiler.
+"""One indexer.logits_paged launch per key format at B=64, ctx 131072, for a profiler.
 
-``ncu --clock-control none -k regex:paged_logits python bench/profile_logits_paged.py``
+``ncu --clock-control none -k regex:paged_logits python bench/profile_logits_paged.py
+[--impl triton|gluon] [--formats fp8,mxfp4]``: each format's kernel runs twice (the first
+launch compiles it), so profile the last launch of each (``--launch-skip 1``).
 """
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import sys
 
@@ -14,14 +17,31 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from gpu_bench_common import index_cache
 
-from hwrun.kernels.triton.indexer_logits import logits_paged
 
-batch, ctx, heads = 64, 131072, 64
-q = torch.randn(batch, 1, heads, 128, device="cuda").to(torch.float8_e4m3fn)
-w = torch.rand(batch, heads, device="cuda")
-lens = torch.full((batch, 1), ctx, dtype=torch.int32, device="cuda")
-for fmt in ("fp8", "mxfp4"):
-    cache, table = index_cache(fmt, batch, ctx)
-    for _ in range(2):
-        logits_paged(q, w, cache, fmt, table, lens, ctx)
-    torch.cuda.synchronize()
+def kernel(impl: str):
+    if impl == "gluon":
+        from hwrun_nvidia.gluon_paged_logits import logits_paged
+    else:
+        from hwrun.kernels.triton.indexer_logits import logits_paged
+    return logits_paged
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--impl", choices=("triton", "gluon"), default="triton")
+    parser.add_argument("--formats", default="fp8,mxfp4", help="comma list of index-key formats")
+    args = parser.parse_args()
+    logits_paged = kernel(args.impl)
+    batch, ctx, heads = 64, 131072, 64
+    q = torch.randn(batch, 1, heads, 128, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.rand(batch, heads, device="cuda")
+    lens = torch.full((batch, 1), ctx, dtype=torch.int32, device="cuda")
+    for fmt in args.formats.split(","):
+        cache, table = index_cache(fmt, batch, ctx)
+        for _ in range(2):
+            logits_paged(q, w, cache, fmt, table, lens, ctx)
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
