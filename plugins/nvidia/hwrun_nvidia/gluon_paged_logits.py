@@ -164,11 +164,18 @@ def _group_product(a_words, a_codes, q_smem, words, groups, row_scales, g, HP: g
 
 
 @gluon.jit
+def _page_block(table_row, j, key_blocks):
+    """Page ``j``'s block in the cache (0 at or past ``key_blocks``), read an iteration before
+    its copy is issued, so that no page's copy waits on the block table."""
+    return gl.load(table_row + j, mask=j < key_blocks, other=0).to(gl.int64)
+
+
+@gluon.jit
 def _issue_page(
     keys_ring,
     scales_ring,
     stage,
-    table_row,
+    blk,
     j,
     key_blocks,
     cache_ptr,
@@ -177,11 +184,11 @@ def _issue_page(
     scale_offs,
     KEY_BYTES: gl.constexpr,
 ):
-    """cp.async of page ``j``'s keys (as the ring's element type) and their scale words into ring
-    ``stage``, as one commit group (no read for a page at or past ``key_blocks``: its stage is
-    never scored, and its codes are masked where they are read ahead)."""
+    """cp.async of page ``j``'s keys (block ``blk``, as the ring's element type) and their scale
+    words into ring ``stage``, as one commit group (no read for a page at or past
+    ``key_blocks``: its stage is never scored, and its codes are masked where they are read
+    ahead)."""
     live = j < key_blocks
-    blk = gl.load(table_row + j, mask=live, other=0).to(gl.int64)
     page = cache_ptr + blk * cache_block_stride
     keys = page.to(gl.pointer_type(keys_ring.dtype)) + key_offs
     _copy(keys_ring.index(stage), keys, mask=live)
@@ -297,19 +304,22 @@ def _score_fp8_pages(
     )
     scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE], ROW_WORDS_SMEM)
     for s in gl.static_range(STAGES - 1):
+        first = split + s * SPLITS
         _issue_page(
-            keys_ring, scales_ring, s, table_row, split + s * SPLITS, key_blocks, cache_ptr,
-            cache_block_stride, key_offs, scale_offs, HEAD_DIM,
+            keys_ring, scales_ring, s, _page_block(table_row, first, key_blocks), first,
+            key_blocks, cache_ptr, cache_block_stride, key_offs, scale_offs, HEAD_DIM,
         )  # fmt: skip
+    ahead = (STAGES - 1) * SPLITS  # the page issued in an iteration, after the one it scores
+    blk = _page_block(table_row, split + ahead, key_blocks)
     q_smem, w = _queries_and_weights(q_ptr, w_ptr, b, H, HP, heads_layout)
 
     i = 0
     for j in range(split, key_blocks, SPLITS):
         _issue_page(
-            keys_ring, scales_ring, (i + STAGES - 1) % STAGES, table_row,
-            j + (STAGES - 1) * SPLITS, key_blocks, cache_ptr, cache_block_stride, key_offs,
-            scale_offs, HEAD_DIM,
+            keys_ring, scales_ring, (i + STAGES - 1) % STAGES, blk, j + ahead, key_blocks,
+            cache_ptr, cache_block_stride, key_offs, scale_offs, HEAD_DIM,
         )  # fmt: skip
+        blk = _page_block(table_row, j + ahead + SPLITS, key_blocks)
         async_copy.wait_group(STAGES - 1)  # page j's group, the oldest
         fence_async_shared()  # this thread's copies before the MMA's async-proxy reads
         stage = i % STAGES
@@ -351,10 +361,13 @@ def _score_mxfp4_pages(
     words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE, 4, 4], ring_smem)
     scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE], ROW_WORDS_SMEM)
     for s in gl.static_range(STAGES - 1):
+        first = split + s * SPLITS
         _issue_page(
-            words_ring, scales_ring, s, table_row, split + s * SPLITS, key_blocks, cache_ptr,
-            cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
+            words_ring, scales_ring, s, _page_block(table_row, first, key_blocks), first,
+            key_blocks, cache_ptr, cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
         )  # fmt: skip
+    ahead = (STAGES - 1) * SPLITS  # the page issued in an iteration, after the one it scores
+    blk = _page_block(table_row, split + ahead, key_blocks)
 
     q_smem, w = _queries_and_weights(q_ptr, w_ptr, b, H, HP, heads_layout)
     # The page's e4m3 codes: stored as int32 words, read by the MMA as fp8 (same bytes: both
@@ -378,10 +391,10 @@ def _score_mxfp4_pages(
         # Into the stage read in the last iteration: that iteration's product barrier ended
         # its reads, so this copy needs no barrier of its own.
         _issue_page(
-            words_ring, scales_ring, (i + STAGES - 1) % STAGES, table_row,
-            j + (STAGES - 1) * SPLITS, key_blocks, cache_ptr, cache_block_stride, word_offs,
-            scale_offs, ELEM_BYTES,
+            words_ring, scales_ring, (i + STAGES - 1) % STAGES, blk, j + ahead, key_blocks,
+            cache_ptr, cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
         )  # fmt: skip
+        blk = _page_block(table_row, j + ahead + SPLITS, key_blocks)
         # Pages j and j + SPLITS complete (the next page's codes decide its fold, below)
         async_copy.wait_group(STAGES - 2)
         stage = i % STAGES
