@@ -153,7 +153,13 @@ def gluon_paged_row(
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         splits = [None] if batch == 1 else [None, 2 * sms // batch, 4 * sms // batch]
         stages = (3, 4, 6, 8) if fmt == "mxfp4" else (2, 3, 4, 6)
-        grid = [{"splits": sp, "stages": st} for sp in splits for st in stages]
+        overlaps = (False,) if fmt == "mxfp4" else (False, True)
+        grid = [
+            {"splits": sp, "stages": st, "overlap": ov}
+            for sp in splits
+            for st in stages
+            for ov in overlaps
+        ]
         cfg = _tune(f"gluon logits_paged {fmt} B={batch}", run, grid, log)
     got, want = run(**cfg), triton_run()
     finite = torch.isfinite(want)

@@ -31,8 +31,13 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from hwrun.kernels.triton.indexer_logits import paged_kernel_args
 
@@ -70,6 +75,9 @@ or.b32 $1, s, t;
 GLUON_39 = gl.constexpr(hasattr(async_copy, "async_load"))
 _copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+# An async warpgroup MMA's result: Triton 3.9 returns a token that warpgroup_mma_wait turns
+# into the tensor; older Gluon returns the tensor, and the wait returns nothing.
+MMA_TOKENS = gl.constexpr(hasattr(hopper, "warpgroup_mma_accumulator"))
 # The MMA's fp8 operands in shared memory (keys and queries, K contiguous), and rows of one word
 # a token (the keys' scale words, copied one a thread).
 FP8_OPERAND_SMEM = gl.constexpr(
@@ -79,6 +87,16 @@ ROW_WORDS_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
 ROW_WORDS_COPY = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 TABLE_LOW = gl.constexpr(0x3C383000)  # e4m3 codes of 0, 0.5, 1, 1.5 (byte 0 first)
 TABLE_HIGH = gl.constexpr(0x4C484440)  # of 2, 3, 4, 6
+
+
+@gluon.jit
+def _mma_result(pending):
+    """The product of the async MMA ``pending``, once it (and every earlier one) is done."""
+    if MMA_TOKENS:
+        return warpgroup_mma_wait(0, deps=[pending])
+    else:
+        warpgroup_mma_wait(0, deps=[pending])
+        return pending
 
 
 @gluon.jit
@@ -253,6 +271,7 @@ def _paged_logits_kernel(
     HP: gl.constexpr,
     STAGES: gl.constexpr,
     MXFP4: gl.constexpr,  # mxfp4 keys (68 B a token), else fp8 (132 B)
+    OVERLAP: gl.constexpr,  # fp8: each page's MMA async, beside the last page's sums
 ):
     """Program (b, split) scores pages split, split + SPLITS, ... of request b (STAGES pages in
     flight or in hand, by cp.async into a ring in shared memory), then writes -inf over its
@@ -276,7 +295,7 @@ def _paged_logits_kernel(
     else:
         _score_fp8_pages(
             q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split,
-            length, key_blocks, max_ctx, SPLITS, H, HP, STAGES, acc_layout,
+            length, key_blocks, max_ctx, SPLITS, H, HP, STAGES, OVERLAP, acc_layout,
         )  # fmt: skip
     async_copy.wait_group(0)  # no copy outlives the program
     _fill_past_keys(out_row, key_blocks + split, num_ctx_blocks, SPLITS, max_ctx, out_rows)
@@ -286,7 +305,7 @@ def _paged_logits_kernel(
 def _score_fp8_pages(
     q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split, length,
     key_blocks, max_ctx, SPLITS, H: gl.constexpr, HP: gl.constexpr, STAGES: gl.constexpr,
-    acc_layout: gl.constexpr,
+    OVERLAP: gl.constexpr, acc_layout: gl.constexpr,
 ):  # fmt: skip
     """fp8 keys: each page's codes go by cp.async straight into an MMA-swizzled ring stage,
     which the warpgroup MMA reads as it lies; no register ever holds a key."""
@@ -313,6 +332,9 @@ def _score_fp8_pages(
     blk = _page_block(table_row, split + ahead, key_blocks)
     q_smem, w = _queries_and_weights(q_ptr, w_ptr, b, H, HP, heads_layout)
 
+    # OVERLAP: each page's MMA runs while the previous page's logits are summed and stored.
+    done = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)  # the previous page's product
+    done_scale = gl.zeros([BLOCK_SIZE], gl.float32, rows_layout)
     i = 0
     for j in range(split, key_blocks, SPLITS):
         _issue_page(
@@ -325,9 +347,26 @@ def _score_fp8_pages(
         stage = i % STAGES
         scale = scales_ring.index(stage).load(rows_layout).to(gl.float32, bitcast=True)
         zero = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
-        acc = warpgroup_mma(keys_ring.index(stage), q_smem.permute((1, 0)), zero, use_acc=False)
-        _store_logits(acc, w, scale, j * BLOCK_SIZE + out_rows, length, max_ctx, out_row)
-        i += 1  # noqa: SIM113 (a kernel loop has no enumerate)
+        tok = j * BLOCK_SIZE + out_rows
+        if OVERLAP:
+            pending = warpgroup_mma(
+                keys_ring.index(stage), q_smem.permute((1, 0)), zero, use_acc=False,
+                is_async=True,
+            )  # fmt: skip
+            if i > 0:
+                prev = tok - SPLITS * BLOCK_SIZE
+                _store_logits(done, w, done_scale, prev, length, max_ctx, out_row)
+            # Every warp waits for page j's MMA here, before the next iteration copies into
+            # the stage it read (each copy goes into the stage read one iteration before).
+            done = _mma_result(pending)
+            done_scale = scale
+        else:
+            acc = warpgroup_mma(keys_ring.index(stage), q_smem.permute((1, 0)), zero, use_acc=False)
+            _store_logits(acc, w, scale, tok, length, max_ctx, out_row)
+        i += 1
+    if OVERLAP and i > 0:
+        last = (split + (i - 1) * SPLITS) * BLOCK_SIZE + out_rows
+        _store_logits(done, w, done_scale, last, length, max_ctx, out_row)
 
 
 @gluon.jit
@@ -455,15 +494,20 @@ def logits_paged(
     max_ctx: int,
     splits: int | None = None,
     stages: int | None = None,
+    overlap: bool = False,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
     """The kernels' launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
     ``stages``: pages a program has in flight or in hand (mxfp4: at least 3, the page scored,
-    the next one, whose codes decide its fold, and one in flight; fp8: at least 2)."""
+    the next one, whose codes decide its fold, and one in flight; fp8: at least 2); ``overlap``
+    (fp8 keys): each page's MMA runs async while the previous page's logits are stored, at 116
+    registers a thread against 64 (not yet measured on hardware, so off by default)."""
     mxfp4, _, default_stages, per_sm = KERNELS[fmt]
     stages = default_stages if stages is None else stages
     if stages < (3 if fmt == "mxfp4" else 2):
         raise ValueError(f"gluon logits_paged: stages={stages} is too few for {fmt} keys")
+    if overlap and mxfp4:
+        raise ValueError("gluon logits_paged: overlap is a form of the fp8 keys' kernel only")
     B, H = q.shape[0], q.shape[2]
     out = torch.empty((B, max_ctx), dtype=torch.float32, device=q.device)
     if B == 0 or max_ctx == 0:
@@ -480,6 +524,7 @@ def logits_paged(
         HP=max(16, triton.next_power_of_2(H)),
         STAGES=stages,
         MXFP4=mxfp4,
+        OVERLAP=overlap,
         num_warps=4,
     )
     return out

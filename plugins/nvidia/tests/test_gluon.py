@@ -171,7 +171,8 @@ def _build(fmt: str, heads: int) -> str:
     # As a launch specialises them: 16-byte aligned pointers and a page stride of 16 B units.
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
     mxfp4, _, stages, _ = kernel.KERNELS[fmt]
-    constexprs = {"H": heads, "HP": padded, "STAGES": stages, "MXFP4": mxfp4}
+    overlap = os.environ.get("OVERLAP") == "1"
+    constexprs = {"H": heads, "HP": padded, "STAGES": stages, "MXFP4": mxfp4, "OVERLAP": overlap}
     source = GluonASTSource(kernel._paged_logits_kernel, signature, constexprs, attrs)
     compiled = triton.compile(source, GPUTarget("cuda", 90, 32), {"num_warps": 4})
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
@@ -183,17 +184,21 @@ def _build(fmt: str, heads: int) -> str:
     return usage.stdout + sass.stdout
 
 
-@pytest.mark.parametrize("fmt,heads", [("mxfp4", 10), ("mxfp4", 64), ("mxfp4", 128), ("fp8", 64)])
-def test_cubin_for_sm90_keeps_the_design(fmt, heads, tmp_path):
+@pytest.mark.parametrize(
+    "fmt,heads,overlap",
+    [("mxfp4", 10, 0), ("mxfp4", 64, 0), ("mxfp4", 128, 0), ("fp8", 64, 0), ("fp8", 64, 1)],
+)
+def test_cubin_for_sm90_keeps_the_design(fmt, heads, overlap, tmp_path):
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["OUT_DIR"] = str(tmp_path)
+    env["OVERLAP"] = str(overlap)
     # The Triton paged kernels' leading arguments, which the Gluon kernel shares
     # (indexer_logits.paged_kernel_args), then its own.
     from tests.kernels.test_compiles_for_hopper import PAGED
 
     leading = {name: kind for name, kind in PAGED.items() if name != "key_rows"}
-    own = {"SPLITS": "i32", **dict.fromkeys(("H", "HP", "STAGES", "MXFP4"), "constexpr")}
+    own = {"SPLITS": "i32", **dict.fromkeys(("H", "HP", "STAGES", "MXFP4", "OVERLAP"), "constexpr")}
     env["SIGNATURE"] = json.dumps({**leading, **own})
     child = subprocess.run(
         [sys.executable, __file__, fmt, str(heads)],
@@ -212,8 +217,13 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, tmp_path):
         assert "STS.128" in out and "STS.U8" not in out  # codes stored 16 bytes at a time
         if heads <= 64:  # 3 programs an SM (at 128 heads two accumulators take 128 registers)
             assert regs <= 168, regs
-    else:
+    elif not overlap:
         assert regs <= 96, regs  # the keys never pass through registers
+    else:
+        assert regs <= 128, regs  # two pages' products: 4 programs an SM by registers
+        # The previous page's logits are stored between a page's MMA and the wait for it.
+        mma = out.index("QGMMA")
+        assert "STG" in out[mma : out.index("WARPGROUP.DEPBAR", mma)]
 
 
 if __name__ == "__main__":

@@ -57,6 +57,23 @@ def test_every_split_and_stage_count(fmt, splits, stages):
     _check(q, w, cache, table, lens, 8192, fmt, splits=splits, stages=stages)
 
 
+@pytest.mark.parametrize("heads", [64, 10])
+@pytest.mark.parametrize("splits,stages", [(1, 2), (3, 4), (None, 2), (64, 8)])
+def test_the_fp8_kernels_overlapped_form(heads, splits, stages):
+    """Each page's MMA async beside the last page's sums: the first page (nothing to store
+    yet), the last (stored after the loop), a program with no page, ragged and empty rows."""
+    torch.manual_seed(heads + stages)
+    q, w, cache, table, lens = paged_inputs("fp8", 5, 8192, heads, 1, torch.float8_e4m3fn)
+    lens[1], lens[2], lens[3] = 1, 63, 8192
+    _check(q, w, cache, table, lens, 8192, "fp8", splits=splits, stages=stages, overlap=True)
+
+
+def test_overlap_is_refused_for_mxfp4_keys():
+    q, w, cache, table, lens = paged_inputs("mxfp4", 1, 256, 64, 1, torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="fp8 keys' kernel only"):
+        _kernel().logits_paged(q, w, cache, "mxfp4", table, lens, 256, overlap=True)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_max_ctx_cuts_rows_and_pages_past_it(fmt):
     torch.manual_seed(3)
