@@ -495,14 +495,19 @@ def logits_paged(
     splits: int | None = None,
     stages: int | None = None,
     overlap: bool = False,
+    max_registers: int | None = None,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
     """The kernels' launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
     ``stages``: pages a program has in flight or in hand (mxfp4: at least 3, the page scored,
     the next one, whose codes decide its fold, and one in flight; fp8: at least 2); ``overlap``
     (fp8 keys): each page's MMA runs async while the previous page's logits are stored, at 116
-    registers a thread against 64 (not yet measured on hardware, so off by default)."""
+    registers a thread against 64 (not yet measured on hardware, so off by default);
+    ``max_registers``: ptxas's cap a thread (mxfp4 at 128: four programs an SM instead of
+    three, for ~10 spill reloads a page from L1; also not yet measured)."""
     mxfp4, _, default_stages, per_sm = KERNELS[fmt]
+    if max_registers is not None:
+        per_sm = max(1, min(per_sm + 2, 65536 // (128 * max_registers)))
     stages = default_stages if stages is None else stages
     if stages < (3 if fmt == "mxfp4" else 2):
         raise ValueError(f"gluon logits_paged: stages={stages} is too few for {fmt} keys")
@@ -526,6 +531,7 @@ def logits_paged(
         MXFP4=mxfp4,
         OVERLAP=overlap,
         num_warps=4,
+        **({} if max_registers is None else {"maxnreg": max_registers}),
     )
     return out
 

@@ -68,6 +68,14 @@ def test_the_fp8_kernels_overlapped_form(heads, splits, stages):
     _check(q, w, cache, table, lens, 8192, "fp8", splits=splits, stages=stages, overlap=True)
 
 
+@pytest.mark.parametrize("splits,stages", [(None, 6), (5, 3)])
+def test_the_mxfp4_kernel_capped_at_128_registers(splits, stages):
+    torch.manual_seed(stages)
+    q, w, cache, table, lens = paged_inputs("mxfp4", 5, 8192, 64, 1, torch.float8_e4m3fn)
+    lens[1], lens[2] = 1, 65
+    _check(q, w, cache, table, lens, 8192, splits=splits, stages=stages, max_registers=128)
+
+
 def test_overlap_is_refused_for_mxfp4_keys():
     q, w, cache, table, lens = paged_inputs("mxfp4", 1, 256, 64, 1, torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="fp8 keys' kernel only"):
