@@ -22,8 +22,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check --no-cache .
 	$(BIN)/ruff format --check --no-cache .
 
+# Up to four pytest workers (xdist): each imports torch and Triton, so more cost memory for
+# little gain; the longest test (the Triton tier's quick conformance, ~4 min) bounds the run.
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses=4
 
 # The built-in engine on the embedded default model; Ctrl-C (or SIGTERM) drains and stops it.
 serve: $(STAMP)
