@@ -19,9 +19,15 @@ fp8 keys need no unpack: each page's codes go by cp.async straight into a ring s
 layout the MMA reads (DeepGEMM's paged kernel, which the engine uses for them, reads them by
 TMA with warp-specialised producers).
 
-Not validated on hardware yet: its sm_90 cubin is built and read in CI
-(plugins/nvidia/tests/test_gluon.py), its unpack is checked by tests/kernels/test_unpack_ptx.py,
-and plugins/nvidia/tests/test_gluon_gpu.py compares it with the reference on the H200.
+Each page's block-table entry is read an iteration before its copy is issued, so that the
+copy does not wait on it. Two forms are not yet run on hardware and are off by default: fp8's
+``overlap`` (each page's MMA async while the previous page's logits are stored) and mxfp4's
+``max_registers=128`` (four programs an SM instead of three, for a few spill reloads a page).
+
+Tested: the sm_90 cubin of each form is built and read in CI (plugins/nvidia/tests/
+test_gluon.py), the unpack is checked by tests/kernels/test_unpack_ptx.py, and plugins/nvidia/
+tests/test_gluon_gpu.py compares the kernels with the reference on an H200 (passed there on
+2026-12-05, before the block-table read ahead and the two forms).
 """
 
 from __future__ import annotations
