@@ -93,6 +93,17 @@ ROW_WORDS_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
 ROW_WORDS_COPY = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 TABLE_LOW = gl.constexpr(0x3C383000)  # e4m3 codes of 0, 0.5, 1, 1.5 (byte 0 first)
 TABLE_HIGH = gl.constexpr(0x4C484440)  # of 2, 3, 4, 6
+# mxfp4 pages: packed words [row, group, word], a thread holding one group (16 bytes) of two
+# rows; the groups and key rows sliced from it; the ring of packed pages; the codes' words
+# (read by the MMA as fp8); each warp's widest spread, all 4 in every thread.
+PACKED_WORDS = gl.constexpr(gl.BlockedLayout([1, 1, 4], [8, 4, 1], [4, 1, 1], [2, 1, 0]))
+PACKED_GROUPS = gl.constexpr(gl.SliceLayout(2, PACKED_WORDS))
+PACKED_KEY_ROWS = gl.constexpr(gl.SliceLayout(1, PACKED_GROUPS))
+PACKED_RING_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+CODE_WORDS_SMEM = gl.constexpr(
+    gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+)
+FLAGS_LAYOUT = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))
 
 
 @gluon.jit
@@ -177,14 +188,50 @@ def _page_product(a_words, a_codes, q_smem, codes, HP: gl.constexpr, acc_layout:
 
 @gluon.jit
 def _group_product(a_words, a_codes, q_smem, words, groups, row_scales, g, HP: gl.constexpr,
-                   acc_layout: gl.constexpr, groups_layout: gl.constexpr):  # fmt: skip
+                   acc_layout: gl.constexpr):  # fmt: skip
     """Group ``g``'s share of a page's products, 2^e_g * (k_g . q_g): the other groups' words
     zeroed, the codes unlowered."""
     mine = gl.expand_dims(gl.expand_dims(groups == g, 0), 2)
-    unlowered = gl.zeros([BLOCK_SIZE, 4], gl.int32, groups_layout)
+    unlowered = gl.zeros([BLOCK_SIZE, 4], gl.int32, PACKED_GROUPS)
     codes = _unpacked(gl.where(mine, words, 0), unlowered)
     part = _page_product(a_words, a_codes, q_smem, codes, HP, acc_layout)
     return part * gl.expand_dims(_power_of_two((row_scales >> (8 * g)) & 0xFF), 1)
+
+
+@gluon.jit
+def _four_products(a_words, a_codes, q_smem, words, groups, row_scales, HP: gl.constexpr,
+                   acc_layout: gl.constexpr):  # fmt: skip
+    """A page whose keys' groups span too much to fold: four products, group g's codes alone
+    (the others' words zeroed) scaled by 2^e_g. The first outside the loop: its barrier then
+    ends the caller's reads of the ring and the flags on this path too, so the writes that
+    follow need none."""
+    acc = _group_product(a_words, a_codes, q_smem, words, groups, row_scales, 0, HP, acc_layout)
+    for g in range(1, 4):
+        acc += _group_product(a_words, a_codes, q_smem, words, groups, row_scales, g, HP,
+                              acc_layout)  # fmt: skip
+    return acc
+
+
+@gluon.jit
+def _packed_word_offsets():
+    """Each key row [64], group [4] and packed-word offset [64, 4, 4] in PACKED_WORDS."""
+    rows = gl.arange(0, BLOCK_SIZE, layout=PACKED_KEY_ROWS)
+    groups = gl.arange(0, 4, layout=gl.SliceLayout(0, PACKED_GROUPS))
+    in_group = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, PACKED_WORDS)))
+    word_offs = gl.expand_dims(
+        gl.expand_dims(rows * 16, 1) + gl.expand_dims(groups * 4, 0), 2
+    ) + gl.expand_dims(gl.expand_dims(in_group, 0), 1)
+    return rows, groups, word_offs
+
+
+@gluon.jit
+def _as_fp8(a_words):
+    """The page's e4m3 codes, stored as int32 words, as the MMA's fp8 operand (same bytes: both
+    layouts swizzle 16-byte chunks of 128-byte rows)."""
+    if GLUON_39:
+        return a_words.reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], FP8_OPERAND_SMEM)
+    else:
+        return a_words._reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], FP8_OPERAND_SMEM)
 
 
 @gluon.jit
@@ -386,24 +433,9 @@ def _score_mxfp4_pages(
     gl.static_assert(STAGES >= 3, "a page in hand, the next one's codes, one in flight")
     rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     heads_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
-    # Packed words [row, group, word]: a thread holds one group (16 bytes) of two rows.
-    words_layout: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [4, 1, 1], [2, 1, 0])
-    groups_layout: gl.constexpr = gl.SliceLayout(2, words_layout)
-    key_rows_layout: gl.constexpr = gl.SliceLayout(1, groups_layout)
-    codes_smem: gl.constexpr = gl.NVMMASharedLayout(
-        swizzle_byte_width=128, element_bitwidth=32, rank=2
-    )
-    ring_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-    flag_layout: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])  # all 4 in every thread
-
-    rows = gl.arange(0, BLOCK_SIZE, layout=key_rows_layout)
-    groups = gl.arange(0, 4, layout=gl.SliceLayout(0, groups_layout))
-    in_group = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, words_layout)))
-    word_offs = gl.expand_dims(
-        gl.expand_dims(rows * 16, 1) + gl.expand_dims(groups * 4, 0), 2
-    ) + gl.expand_dims(gl.expand_dims(in_group, 0), 1)
+    rows, groups, word_offs = _packed_word_offsets()
     scale_offs = gl.arange(0, BLOCK_SIZE, layout=ROW_WORDS_COPY)
-    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE, 4, 4], ring_smem)
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE, 4, 4], PACKED_RING_SMEM)
     scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_SIZE], ROW_WORDS_SMEM)
     for s in gl.static_range(STAGES - 1):
         first = split + s * SPLITS
@@ -417,11 +449,8 @@ def _score_mxfp4_pages(
     q_smem, w = _queries_and_weights(q_ptr, w_ptr, b, H, HP, heads_layout)
     # The page's e4m3 codes: stored as int32 words, read by the MMA as fp8 (same bytes: both
     # layouts swizzle 16-byte chunks of 128-byte rows).
-    a_words = gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE, 32], codes_smem)
-    if GLUON_39:
-        a_codes = a_words.reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], FP8_OPERAND_SMEM)
-    else:
-        a_codes = a_words._reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], FP8_OPERAND_SMEM)
+    a_words = gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE, 32], CODE_WORDS_SMEM)
+    a_codes = _as_fp8(a_words)
     # flags.index(p): each warp's widest key spread in the page of parity p (see _note_spread)
     flags = gl.allocate_shared_memory(gl.int32, [2, 4], ROW_WORDS_SMEM)
     async_copy.wait_group(STAGES - 2)  # the first page
@@ -443,10 +472,10 @@ def _score_mxfp4_pages(
         # Pages j and j + SPLITS complete (the next page's codes decide its fold, below)
         async_copy.wait_group(STAGES - 2)
         stage = i % STAGES
-        words = words_ring.index(stage).load(words_layout)
+        words = words_ring.index(stage).load(PACKED_WORDS)
         # Each key's 4 group codes as one word, read where the unpack and the product need it;
         # zero past the keys (stale bytes there, whose scores are written as -inf).
-        key_scales = scales_ring.index(stage).load(key_rows_layout)
+        key_scales = scales_ring.index(stage).load(PACKED_KEY_ROWS)
         key_scales = gl.where(j * BLOCK_SIZE + rows < length, key_scales, 0)
         row_scales = scales_ring.index(stage).load(rows_layout)
         tok = j * BLOCK_SIZE + out_rows
@@ -456,7 +485,7 @@ def _score_mxfp4_pages(
         top = _largest_code(key_scales)
         codes = (gl.expand_dims(key_scales, 1) >> gl.expand_dims(groups * 8, 0)) & 0xFF
         shift = gl.expand_dims(top, 1) - codes
-        widest = gl.max(flags.index(i % 2).load(flag_layout), axis=0)
+        widest = gl.max(flags.index(i % 2).load(FLAGS_LAYOUT), axis=0)
         if widest <= MAX_FOLD:
             acc = _page_product(a_words, a_codes, q_smem, _unpacked(words, shift), HP, acc_layout)
             scale = _power_of_two(_largest_code(row_scales))
@@ -464,11 +493,8 @@ def _score_mxfp4_pages(
             # Four products, group g's codes alone (the others' words zeroed) scaled by 2^e_g.
             # The first outside the loop: its barrier then ends this iteration's reads of the
             # ring and the flags on this path too, so the writes that follow need none.
-            acc = _group_product(a_words, a_codes, q_smem, words, groups, row_scales, 0, HP,
-                                 acc_layout, groups_layout)  # fmt: skip
-            for g in range(1, 4):
-                acc += _group_product(a_words, a_codes, q_smem, words, groups, row_scales, g,
-                                      HP, acc_layout, groups_layout)  # fmt: skip
+            acc = _four_products(a_words, a_codes, q_smem, words, groups, row_scales, HP,
+                                 acc_layout)  # fmt: skip
             scale = gl.full([BLOCK_SIZE], 1.0, gl.float32, rows_layout)
         _store_logits(acc, w, scale, tok, length, max_ctx, out_row)
         # The next page's decision, after this page's product (its barrier ends the reads of
