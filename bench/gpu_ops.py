@@ -153,10 +153,19 @@ def gluon_paged_row(
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         splits = [None] if batch == 1 else [None, 2 * sms // batch, 4 * sms // batch]
         stages = (3, 4, 6, 8) if fmt == "mxfp4" else (2, 3, 4, 6)
-        # fp8: the overlapped form; mxfp4: ptxas capped at 128 registers (4 programs an SM)
-        forms = ({}, {"max_registers": 128}) if fmt == "mxfp4" else ({}, {"overlap": True})
+        # fp8: the overlapped form; mxfp4: ptxas capped at 128 registers (4 programs an SM),
+        # two pages an iteration (even stages only), and both
+        if fmt == "mxfp4":
+            capped = {"max_registers": 128}
+            forms = [{}, capped, {"pairs": True}, {"pairs": True, **capped}]
+        else:
+            forms = [{}, {"overlap": True}]
         grid = [
-            {"splits": sp, "stages": st, **form} for sp in splits for st in stages for form in forms
+            {"splits": sp, "stages": st, **form}
+            for sp in splits
+            for st in stages
+            for form in forms
+            if not (form.get("pairs") and st % 2)
         ]
         cfg = _tune(f"gluon logits_paged {fmt} B={batch}", run, grid, log)
     got, want = run(**cfg), triton_run()

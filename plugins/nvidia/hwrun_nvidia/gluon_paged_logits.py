@@ -20,9 +20,11 @@ layout the MMA reads (DeepGEMM's paged kernel, which the engine uses for them, r
 TMA with warp-specialised producers).
 
 Each page's block-table entry is read an iteration before its copy is issued, so that the
-copy does not wait on it. Two forms are not yet run on hardware and are off by default: fp8's
-``overlap`` (each page's MMA async while the previous page's logits are stored) and mxfp4's
-``max_registers=128`` (four programs an SM instead of three, for a few spill reloads a page).
+copy does not wait on it. Three forms are not yet run on hardware and are off by default:
+fp8's ``overlap`` (each page's MMA async while the previous page's logits are stored), mxfp4's
+``max_registers=128`` (four programs an SM instead of three, for a few spill reloads a page)
+and mxfp4's ``pairs`` (two pages an iteration: one ring wait, one barrier and one fold decision
+for both; 317 instructions a page against 351 in the sm_90 cubin).
 
 Tested: the sm_90 cubin of each form is built and read in CI (plugins/nvidia/tests/
 test_gluon.py), the unpack is checked by tests/kernels/test_unpack_ptx.py, and plugins/nvidia/
@@ -150,12 +152,31 @@ def _spread(scales):
 
 
 @gluon.jit
+def _shifts(key_scales, groups):
+    """[64, 4] each key group's fold: its key's largest e8m0 code minus its own."""
+    codes = (gl.expand_dims(key_scales, 1) >> gl.expand_dims(groups * 8, 0)) & 0xFF
+    return gl.expand_dims(_largest_code(key_scales), 1) - codes
+
+
+@gluon.jit
+def _masked_spread(scales, tok, length):
+    """Each product row's key spread, 0 past the request's keys."""
+    return gl.where(tok < length, _spread(scales), 0)
+
+
+@gluon.jit
+def _note_widest(flags, spread):
+    """Each warp's widest spread among the product rows it holds ([64] rows of 16 a warp)
+    into ``flags`` ([4] int32)."""
+    flags.store(gl.max(gl.reshape(spread, [4, 16]), axis=1))
+
+
+@gluon.jit
 def _note_spread(flags, scales, tok, length):
     """Each warp's widest key spread among the product rows it holds ([64] rows of 16 a warp)
     into ``flags`` ([4] int32): the fold decision of a page, read after a later barrier, so
     that no barrier is spent on it."""
-    spread = gl.where(tok < length, _spread(scales), 0)
-    flags.store(gl.max(gl.reshape(spread, [4, 16]), axis=1))
+    _note_widest(flags, _masked_spread(scales, tok, length))
 
 
 @gluon.jit
@@ -325,6 +346,7 @@ def _paged_logits_kernel(
     STAGES: gl.constexpr,
     MXFP4: gl.constexpr,  # mxfp4 keys (68 B a token), else fp8 (132 B)
     OVERLAP: gl.constexpr,  # fp8: each page's MMA async, beside the last page's sums
+    PAIRS: gl.constexpr,  # mxfp4: two pages an iteration
 ):
     """Program (b, split) scores pages split, split + SPLITS, ... of request b (STAGES pages in
     flight or in hand, by cp.async into a ring in shared memory), then writes -inf over its
@@ -340,7 +362,12 @@ def _paged_logits_kernel(
     table_row = table_ptr + b * table_stride
     out_row = out_ptr + b * out_stride
     out_rows = gl.arange(0, BLOCK_SIZE, layout=gl.SliceLayout(1, acc_layout))
-    if MXFP4:
+    if MXFP4 and PAIRS:
+        _score_mxfp4_pairs(
+            q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split,
+            length, key_blocks, max_ctx, SPLITS, H, HP, STAGES, acc_layout,
+        )  # fmt: skip
+    elif MXFP4:
         _score_mxfp4_pages(
             q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split,
             length, key_blocks, max_ctx, SPLITS, H, HP, STAGES, acc_layout,
@@ -482,9 +509,7 @@ def _score_mxfp4_pages(
         row_scales = gl.where(tok < length, row_scales, 0)
         next_scales = scales_ring.index((i + 1) % STAGES).load(rows_layout)
 
-        top = _largest_code(key_scales)
-        codes = (gl.expand_dims(key_scales, 1) >> gl.expand_dims(groups * 8, 0)) & 0xFF
-        shift = gl.expand_dims(top, 1) - codes
+        shift = _shifts(key_scales, groups)
         widest = gl.max(flags.index(i % 2).load(FLAGS_LAYOUT), axis=0)
         if widest <= MAX_FOLD:
             acc = _page_product(a_words, a_codes, q_smem, _unpacked(words, shift), HP, acc_layout)
@@ -501,6 +526,106 @@ def _score_mxfp4_pages(
         # the flags above) and before the next wait's barrier (which makes them visible).
         _note_spread(flags.index((i + 1) % 2), next_scales, tok + SPLITS * BLOCK_SIZE, length)
         i += 1  # noqa: SIM113 (a kernel loop has no enumerate)
+
+
+@gluon.jit
+def _score_mxfp4_pairs(
+    q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split, length,
+    key_blocks, max_ctx, SPLITS, H: gl.constexpr, HP: gl.constexpr, STAGES: gl.constexpr,
+    acc_layout: gl.constexpr,
+):  # fmt: skip
+    """mxfp4 keys, two pages an iteration: one ring wait and one barrier serve both pages'
+    codes and their fold decision (each warp's widest key spread over the two, noted before
+    that barrier). A program's even pages go to one ring and its odd pages to another, so that
+    the two copies an iteration issues need no barrier between them."""
+    gl.static_assert(STAGES >= 4 and STAGES % 2 == 0, "a pair in hand, pairs in flight")
+    RING: gl.constexpr = STAGES // 2  # pairs in flight or in hand
+    rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    heads_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
+    rows, groups, word_offs = _packed_word_offsets()
+    scale_offs = gl.arange(0, BLOCK_SIZE, layout=ROW_WORDS_COPY)
+    even_words = gl.allocate_shared_memory(gl.int32, [RING, BLOCK_SIZE, 4, 4], PACKED_RING_SMEM)
+    odd_words = gl.allocate_shared_memory(gl.int32, [RING, BLOCK_SIZE, 4, 4], PACKED_RING_SMEM)
+    even_scales = gl.allocate_shared_memory(gl.int32, [RING, BLOCK_SIZE], ROW_WORDS_SMEM)
+    odd_scales = gl.allocate_shared_memory(gl.int32, [RING, BLOCK_SIZE], ROW_WORDS_SMEM)
+    for s in gl.static_range(RING - 1):
+        first = split + 2 * s * SPLITS
+        _issue_page(
+            even_words, even_scales, s, _page_block(table_row, first, key_blocks), first,
+            key_blocks, cache_ptr, cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
+        )  # fmt: skip
+        second = first + SPLITS
+        _issue_page(
+            odd_words, odd_scales, s, _page_block(table_row, second, key_blocks), second,
+            key_blocks, cache_ptr, cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
+        )  # fmt: skip
+    ahead = (STAGES - 2) * SPLITS  # the pair issued in an iteration, after the one it scores
+    blk = _page_block(table_row, split + ahead, key_blocks)
+    blk2 = _page_block(table_row, split + ahead + SPLITS, key_blocks)
+
+    q_smem, w = _queries_and_weights(q_ptr, w_ptr, b, H, HP, heads_layout)
+    words_first = gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE, 32], CODE_WORDS_SMEM)
+    words_second = gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE, 32], CODE_WORDS_SMEM)
+    codes_first = _as_fp8(words_first)
+    codes_second = _as_fp8(words_second)
+    flags = gl.allocate_shared_memory(gl.int32, [2, 4], ROW_WORDS_SMEM)
+    _cta_barrier()  # the queries' store, once here (else the compiler puts one in the loop)
+
+    p = 0
+    for j in range(split, key_blocks, 2 * SPLITS):
+        # Into the stages read in the last iteration, whose code barrier ended those reads.
+        stage = p % RING
+        into = (p + RING - 1) % RING
+        _issue_page(
+            even_words, even_scales, into, blk, j + ahead, key_blocks, cache_ptr,
+            cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
+        )  # fmt: skip
+        _issue_page(
+            odd_words, odd_scales, into, blk2, j + ahead + SPLITS, key_blocks, cache_ptr,
+            cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
+        )  # fmt: skip
+        blk = _page_block(table_row, j + ahead + 2 * SPLITS, key_blocks)
+        blk2 = _page_block(table_row, j + ahead + 3 * SPLITS, key_blocks)
+        async_copy.wait_group(STAGES - 2)  # pages j and j + SPLITS
+        j2 = j + SPLITS
+        words = even_words.index(stage).load(PACKED_WORDS)
+        words2 = odd_words.index(stage).load(PACKED_WORDS)
+        key_scales = even_scales.index(stage).load(PACKED_KEY_ROWS)
+        key_scales = gl.where(j * BLOCK_SIZE + rows < length, key_scales, 0)
+        key_scales2 = odd_scales.index(stage).load(PACKED_KEY_ROWS)
+        key_scales2 = gl.where(j2 * BLOCK_SIZE + rows < length, key_scales2, 0)
+        tok = j * BLOCK_SIZE + out_rows
+        tok2 = j2 * BLOCK_SIZE + out_rows
+        row_scales = gl.where(tok < length, even_scales.index(stage).load(rows_layout), 0)
+        row_scales2 = gl.where(tok2 < length, odd_scales.index(stage).load(rows_layout), 0)
+
+        words_first.store(_unpacked(words, _shifts(key_scales, groups)))
+        words_second.store(_unpacked(words2, _shifts(key_scales2, groups)))
+        spread = gl.maximum(
+            _masked_spread(row_scales, tok, length), _masked_spread(row_scales2, tok2, length)
+        )
+        _note_widest(flags.index(p % 2), spread)
+        fence_async_shared()  # the generic-proxy stores before the MMA's async-proxy reads
+        widest = gl.max(flags.index(p % 2).load(FLAGS_LAYOUT), axis=0)  # after the barrier
+        zero = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
+        if widest <= MAX_FOLD:
+            acc = warpgroup_mma(codes_first, q_smem.permute((1, 0)), zero, use_acc=False)
+            scale = _power_of_two(_largest_code(row_scales))
+            _store_logits(acc, w, scale, tok, length, max_ctx, out_row)
+            if j2 < key_blocks:
+                acc = warpgroup_mma(codes_second, q_smem.permute((1, 0)), zero, use_acc=False)
+                scale = _power_of_two(_largest_code(row_scales2))
+                _store_logits(acc, w, scale, tok2, length, max_ctx, out_row)
+        else:
+            one = gl.full([BLOCK_SIZE], 1.0, gl.float32, rows_layout)
+            acc = _four_products(words_first, codes_first, q_smem, words, groups, row_scales,
+                                 HP, acc_layout)  # fmt: skip
+            _store_logits(acc, w, one, tok, length, max_ctx, out_row)
+            if j2 < key_blocks:
+                acc = _four_products(words_first, codes_first, q_smem, words2, groups,
+                                     row_scales2, HP, acc_layout)  # fmt: skip
+                _store_logits(acc, w, one, tok2, length, max_ctx, out_row)
+        p += 1  # noqa: SIM113 (a kernel loop has no enumerate)
 
 
 # Per key format: the kernel's MXFP4 switch, the bytes of a key's elements, the default stages
@@ -528,6 +653,7 @@ def logits_paged(
     stages: int | None = None,
     overlap: bool = False,
     max_registers: int | None = None,
+    pairs: bool = False,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
     """The kernels' launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
@@ -536,7 +662,9 @@ def logits_paged(
     (fp8 keys): each page's MMA runs async while the previous page's logits are stored, at 116
     registers a thread against 64 (not yet measured on hardware, so off by default);
     ``max_registers``: ptxas's cap a thread (mxfp4 at 128: four programs an SM instead of
-    three, for ~10 spill reloads a page from L1; also not yet measured)."""
+    three, for ~10 spill reloads a page from L1; also not yet measured); ``pairs`` (mxfp4
+    keys, an even number of stages of at least 4): two pages an iteration, one ring wait and
+    one barrier for both (not yet measured)."""
     mxfp4, _, default_stages, per_sm = KERNELS[fmt]
     if max_registers is not None:
         per_sm = max(1, min(per_sm + 2, 65536 // (128 * max_registers)))
@@ -545,6 +673,10 @@ def logits_paged(
         raise ValueError(f"gluon logits_paged: stages={stages} is too few for {fmt} keys")
     if overlap and mxfp4:
         raise ValueError("gluon logits_paged: overlap is a form of the fp8 keys' kernel only")
+    if pairs and not mxfp4:
+        raise ValueError("gluon logits_paged: pairs is a form of the mxfp4 keys' kernel only")
+    if pairs and (stages < 4 or stages % 2):
+        raise ValueError(f"gluon logits_paged: pairs takes an even stages >= 4, got {stages}")
     B, H = q.shape[0], q.shape[2]
     out = torch.empty((B, max_ctx), dtype=torch.float32, device=q.device)
     if B == 0 or max_ctx == 0:
@@ -562,6 +694,7 @@ def logits_paged(
         STAGES=stages,
         MXFP4=mxfp4,
         OVERLAP=overlap,
+        PAIRS=pairs,
         num_warps=4,
         **({} if max_registers is None else {"maxnreg": max_registers}),
     )

@@ -172,7 +172,9 @@ def _build(fmt: str, heads: int) -> str:
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
     mxfp4, _, stages, _ = kernel.KERNELS[fmt]
     overlap = os.environ.get("OVERLAP") == "1"
-    constexprs = {"H": heads, "HP": padded, "STAGES": stages, "MXFP4": mxfp4, "OVERLAP": overlap}
+    pairs = os.environ.get("PAIRS") == "1"
+    constexprs = {"H": heads, "HP": padded, "STAGES": stages, "MXFP4": mxfp4}
+    constexprs |= {"OVERLAP": overlap, "PAIRS": pairs}
     source = GluonASTSource(kernel._paged_logits_kernel, signature, constexprs, attrs)
     options = {"num_warps": 4}
     if os.environ.get("MAXNREG"):
@@ -194,6 +196,8 @@ def _build(fmt: str, heads: int) -> str:
         ("mxfp4", 64, ""),
         ("mxfp4", 128, ""),
         ("mxfp4", 64, "max_registers=128"),
+        ("mxfp4", 64, "pairs"),
+        ("mxfp4", 10, "pairs"),
         ("fp8", 64, ""),
         ("fp8", 64, "overlap"),
     ],
@@ -204,6 +208,7 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
     env["OUT_DIR"] = str(tmp_path)
     overlap = form == "overlap"
     env["OVERLAP"] = str(int(overlap))
+    env["PAIRS"] = str(int(form == "pairs"))
     if form.startswith("max_registers="):
         env["MAXNREG"] = form.split("=")[1]
     # The Triton paged kernels' leading arguments, which the Gluon kernel shares
@@ -211,7 +216,10 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
     from tests.kernels.test_compiles_for_hopper import PAGED
 
     leading = {name: kind for name, kind in PAGED.items() if name != "key_rows"}
-    own = {"SPLITS": "i32", **dict.fromkeys(("H", "HP", "STAGES", "MXFP4", "OVERLAP"), "constexpr")}
+    own = {
+        "SPLITS": "i32",
+        **dict.fromkeys(("H", "HP", "STAGES", "MXFP4", "OVERLAP", "PAIRS"), "constexpr"),
+    }
     env["SIGNATURE"] = json.dumps({**leading, **own})
     child = subprocess.run(
         [sys.executable, __file__, fmt, str(heads)],

@@ -76,6 +76,27 @@ def test_the_mxfp4_kernel_capped_at_128_registers(splits, stages):
     _check(q, w, cache, table, lens, 8192, splits=splits, stages=stages, max_registers=128)
 
 
+@pytest.mark.parametrize("heads", [64, 10, 128])
+@pytest.mark.parametrize("splits,stages", [(1, 4), (3, 6), (None, 8), (64, 4)])
+def test_the_mxfp4_kernels_paired_form(heads, splits, stages):
+    """Two pages an iteration: a program with an odd count of pages (its last pair half past
+    the keys), one with a single page, none, and ragged and empty rows."""
+    torch.manual_seed(heads + stages)
+    q, w, cache, table, lens = paged_inputs("mxfp4", 5, 8192, heads, 1, torch.float8_e4m3fn)
+    lens[1], lens[2], lens[3] = 1, 63, 64 * 7 + 5  # 1 page, 1 page, 8 pages (odd per 3 splits)
+    _check(q, w, cache, table, lens, 8192, splits=splits, stages=stages, pairs=True)
+    _check(q, w, cache, table, lens, 8192, stages=stages, pairs=True, max_registers=128)
+
+
+def test_the_forms_refuse_what_they_do_not_take():
+    q, w, cache, table, lens = paged_inputs("mxfp4", 1, 256, 64, 1, torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="even stages >= 4"):
+        _kernel().logits_paged(q, w, cache, "mxfp4", table, lens, 256, pairs=True, stages=5)
+    q, w, cache, table, lens = paged_inputs("fp8", 1, 256, 64, 1, torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="mxfp4 keys' kernel only"):
+        _kernel().logits_paged(q, w, cache, "fp8", table, lens, 256, pairs=True)
+
+
 def test_overlap_is_refused_for_mxfp4_keys():
     q, w, cache, table, lens = paged_inputs("mxfp4", 1, 256, 64, 1, torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="fp8 keys' kernel only"):
@@ -92,9 +113,11 @@ def test_max_ctx_cuts_rows_and_pages_past_it(fmt):
     assert (got[0] == float("-inf")).all()  # paged_inputs' empty request
 
 
-def test_groups_too_far_apart_to_fold_and_a_nan_code():
-    """One key's first group 2^-12 of its others (its e8m0 code ~12 lower: the page takes the
-    four products), another key's scale code 255 (NaN: its score is NaN, as the reference's)."""
+@pytest.mark.parametrize("options", [{}, {"pairs": True, "stages": 4}], ids=["pages", "pairs"])
+def test_groups_too_far_apart_to_fold_and_a_nan_code(options):
+    """One key's first group 2^-12 of its others (its e8m0 code ~12 lower: the page, or with
+    ``pairs`` its pair, takes the four products), another key's scale code 255 (NaN: its score
+    is NaN, as the reference's)."""
     from hwrun.formats.index_keys import get_index_key_format
 
     torch.manual_seed(5)
@@ -110,7 +133,7 @@ def test_groups_too_far_apart_to_fold_and_a_nan_code():
     q = torch.randn(2, 1, heads, 128, device="cuda").to(torch.float8_e4m3fn)
     w = torch.rand(2, heads, device="cuda")
     lens = torch.tensor([[256], [256]], device="cuda", dtype=torch.int32)
-    got = _check(q, w, cache, table, lens, 256)
+    got = _check(q, w, cache, table, lens, 256, **options)
     assert torch.isnan(got[0, 3 * 64 + 9]) and torch.isnan(got).sum() == 1
 
 
