@@ -29,7 +29,7 @@ for both; 317 instructions a page against 351 in the sm_90 cubin).
 Tested: the sm_90 cubin of each form is built and read in CI (plugins/nvidia/tests/
 test_gluon.py), the unpack is checked by tests/kernels/test_unpack_ptx.py, and plugins/nvidia/
 tests/test_gluon_gpu.py compares the kernels with the reference on an H200 (passed there on
-2026-12-05, before the block-table read ahead and the two forms).
+2026-12-05, before the block-table read ahead and the three forms).
 """
 
 from __future__ import annotations
@@ -287,6 +287,21 @@ def _issue_page(
     scales = (page + BLOCK_SIZE * KEY_BYTES).to(gl.pointer_type(gl.int32)) + scale_offs
     _copy(scales_ring.index(stage), scales, mask=live)
     async_copy.commit_group()
+
+
+@gluon.jit
+def _issue_pair(even_words, even_scales, odd_words, odd_scales, stage, blk, blk2, j, SPLITS,
+                key_blocks, cache_ptr, cache_block_stride, word_offs, scale_offs):  # fmt: skip
+    """Pages ``j`` (block ``blk``) and ``j + SPLITS`` (``blk2``) of mxfp4 keys into stage
+    ``stage`` of the even and the odd ring, a commit group each."""
+    _issue_page(
+        even_words, even_scales, stage, blk, j, key_blocks, cache_ptr, cache_block_stride,
+        word_offs, scale_offs, ELEM_BYTES,
+    )  # fmt: skip
+    _issue_page(
+        odd_words, odd_scales, stage, blk2, j + SPLITS, key_blocks, cache_ptr,
+        cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
+    )  # fmt: skip
 
 
 @gluon.jit
@@ -550,14 +565,11 @@ def _score_mxfp4_pairs(
     odd_scales = gl.allocate_shared_memory(gl.int32, [RING, BLOCK_SIZE], ROW_WORDS_SMEM)
     for s in gl.static_range(RING - 1):
         first = split + 2 * s * SPLITS
-        _issue_page(
-            even_words, even_scales, s, _page_block(table_row, first, key_blocks), first,
-            key_blocks, cache_ptr, cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
-        )  # fmt: skip
-        second = first + SPLITS
-        _issue_page(
-            odd_words, odd_scales, s, _page_block(table_row, second, key_blocks), second,
-            key_blocks, cache_ptr, cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
+        _issue_pair(
+            even_words, even_scales, odd_words, odd_scales, s,
+            _page_block(table_row, first, key_blocks),
+            _page_block(table_row, first + SPLITS, key_blocks), first, SPLITS, key_blocks,
+            cache_ptr, cache_block_stride, word_offs, scale_offs,
         )  # fmt: skip
     ahead = (STAGES - 2) * SPLITS  # the pair issued in an iteration, after the one it scores
     blk = _page_block(table_row, split + ahead, key_blocks)
@@ -575,14 +587,9 @@ def _score_mxfp4_pairs(
     for j in range(split, key_blocks, 2 * SPLITS):
         # Into the stages read in the last iteration, whose code barrier ended those reads.
         stage = p % RING
-        into = (p + RING - 1) % RING
-        _issue_page(
-            even_words, even_scales, into, blk, j + ahead, key_blocks, cache_ptr,
-            cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
-        )  # fmt: skip
-        _issue_page(
-            odd_words, odd_scales, into, blk2, j + ahead + SPLITS, key_blocks, cache_ptr,
-            cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
+        _issue_pair(
+            even_words, even_scales, odd_words, odd_scales, (p + RING - 1) % RING, blk, blk2,
+            j + ahead, SPLITS, key_blocks, cache_ptr, cache_block_stride, word_offs, scale_offs,
         )  # fmt: skip
         blk = _page_block(table_row, j + ahead + 2 * SPLITS, key_blocks)
         blk2 = _page_block(table_row, j + ahead + 3 * SPLITS, key_blocks)
@@ -629,7 +636,7 @@ def _score_mxfp4_pairs(
 
 
 # Per key format: the kernel's MXFP4 switch, the bytes of a key's elements, the default stages
-# and the programs that fit on a multiprocessor (mxfp4: 156 registers a thread, 3 programs of 4
+# and the programs that fit on a multiprocessor (mxfp4: 157 registers a thread, 3 programs of 4
 # warps; fp8: 64 registers, 5 programs by shared memory at 4 stages of 8.25 KiB and the queries).
 KERNELS = {"mxfp4": (True, 64, 6, 3), "fp8": (False, 128, 4, 5)}
 
@@ -666,8 +673,8 @@ def logits_paged(
     keys, an even number of stages of at least 4): two pages an iteration, one ring wait and
     one barrier for both (not yet measured)."""
     mxfp4, _, default_stages, per_sm = KERNELS[fmt]
-    if max_registers is not None:
-        per_sm = max(1, min(per_sm + 2, 65536 // (128 * max_registers)))
+    if max_registers is not None:  # registers bind: shared memory holds 5 mxfp4 programs
+        per_sm = max(1, 65536 // (128 * max_registers))
     stages = default_stages if stages is None else stages
     if stages < (3 if fmt == "mxfp4" else 2):
         raise ValueError(f"gluon logits_paged: stages={stages} is too few for {fmt} keys")
