@@ -233,15 +233,16 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
     regs = int(re.search(r"REG:(\d+)", out).group(1))
     spilled = int(re.search(r"STACK:(\d+)", out).group(1))
     assert "LOCAL:0" in out, out[:400]
-    if "MAXNREG" in env:  # capped: a few spills, reloaded from L1, for a fourth program an SM
+    capped = "MAXNREG" in env
+    if capped:  # a few spills, reloaded from L1, for a fourth program an SM
         assert regs <= int(env["MAXNREG"]) and spilled <= 128, (regs, spilled)
-        return
-    assert spilled == 0, out[:400]
+    else:
+        assert spilled == 0, out[:400]
     assert "LDGSTS.E.BYPASS.128" in out  # keys by 16-byte cp.async
     assert "QGMMA" in out and "E4M3.E4M3" in out  # the fp8 warpgroup MMA
     if fmt == "mxfp4":
         assert "STS.128" in out and "STS.U8" not in out  # codes stored 16 bytes at a time
-        if heads <= 64:  # 3 programs an SM (at 128 heads two accumulators take 128 registers)
+        if heads <= 64 and not capped:  # 3 programs an SM (128 heads: 2 accumulators' worth)
             assert regs <= 168, regs
     elif not overlap:
         assert regs <= 96, regs  # the keys never pass through registers
