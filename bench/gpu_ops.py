@@ -363,7 +363,7 @@ def small_op_rows(ceil):
     return rows
 
 
-def ragged_rows(ceil):
+def ragged_rows(ceil, tune, log):
     rows = []
     m, n, heads = 4096, 16384, 64
     q = torch.randn(m, heads, 128, device="cuda").to(torch.float8_e4m3fn)
@@ -374,11 +374,23 @@ def ragged_rows(ceil):
 
     for fmt in ("fp8", "mxfp4"):
         elements, scales = get_index_key_format(fmt).encode(torch.randn(n, 128, device="cuda"))
-        us = bench(
-            lambda e=elements, s=scales, fmt=fmt: indexer_logits_ragged.logits_ragged(
-                q, w, e, s, fmt, ks, ke
+
+        def run(e=elements, s=scales, fmt=fmt, **cfg):
+            return indexer_logits_ragged.logits_ragged(q, w, e, s, fmt, ks, ke, **cfg)
+
+        cfg = {}
+        if tune:
+            # Key spans of 1 tile (a program a tile, as before the loop) to 32; the forms the
+            # sm_90 cubins fit without spilling: fp8 4 rows at 4 warps (244 registers) or 8
+            # (155), mxfp4 1 row at 4 warps (166) or 4 rows at 8 warps and 2 stages (255).
+            forms = (
+                [{"num_warps": 4}, {"num_warps": 8}, {"num_warps": 8, "block_n": 128}]
+                if fmt == "fp8"
+                else [{"rows": 1}, {"rows": 4, "num_warps": 8, "num_stages": 2}]
             )
-        )
+            grid = [form | {"tiles": tiles} for form in forms for tiles in (1, 8, 32)]
+            cfg = _tune(f"logits_ragged {fmt}", run, grid, log)
+        us = bench(lambda run=run, cfg=cfg: run(**cfg))
         peers = {}
         if fmt == "fp8" and HAS_DEEPGEMM:
             import deep_gemm
@@ -397,6 +409,7 @@ def ragged_rows(ceil):
                 us,
                 ceil.floor_us(m * n * 4, flops),
                 peers,
+                f"cfg {cfg}" if cfg else "",
             )
         )
     return rows
@@ -417,7 +430,7 @@ def main() -> None:
         ("indexer", indexer_rows, True),
         ("mla", sparse_mla_rows, True),
         ("small", small_op_rows, False),
-        ("ragged", ragged_rows, False),
+        ("ragged", ragged_rows, True),
     )
     for name, fn, tunable in sections:
         if only and name not in only:

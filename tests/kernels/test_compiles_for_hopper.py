@@ -56,6 +56,26 @@ DECODE = {
     "FOLD": False,
     "TMA": False,
 }
+# prefill logits: a program's 4 query rows of 64 heads side by side in one product, a span of
+# key tiles streamed through them
+RAGGED = {
+    "q_ptr": "*fp8e4nv",
+    "w_ptr": "*fp32",
+    **dict.fromkeys(("elem_ptr", "scale_ptr"), "*u8"),
+    **dict.fromkeys(("ks_ptr", "ke_ptr"), "*i32"),
+    "out_ptr": "*fp32",
+    **dict.fromkeys(("M", "N", "elem_stride", "scale_stride", "tiles"), "i32"),
+}
+RAGGED_FP8 = {
+    "H": 64,
+    "HP": 64,
+    "BLOCK_N": 64,
+    "ROWS": 4,
+    "FMT": 0,
+    "Q_FP8": True,
+    "WIDE": "bf16",
+    "FOLD": False,
+}
 # sparse_mla's decode kernel over fp8_ds_mla rows, the bench's shape (128 heads, top-2048)
 SPARSE_MLA = {
     "q_ptr": "*bf16",
@@ -292,27 +312,9 @@ VARIANTS = {
         {**MOE_A8W8, "BLOCK_N": 128, "BLOCK_K": 128, "H_GROUP": 128, "TMA": True, "HOST_TMA": True},
     ),
     # Fp32Linear at decode: bf16 tiles, fp32 sums, the K runs added by the last (8 of 64 rows)
-    # prefill logits over fp8 keys: the program's 4 query rows of 64 heads in one product
-    "ragged_fp8_rows": (
-        {
-            "q_ptr": "*fp8e4nv",
-            "w_ptr": "*fp32",
-            **dict.fromkeys(("elem_ptr", "scale_ptr"), "*u8"),
-            **dict.fromkeys(("ks_ptr", "ke_ptr"), "*i32"),
-            "out_ptr": "*fp32",
-            **dict.fromkeys(("M", "N", "elem_stride", "scale_stride"), "i32"),
-        },
-        {
-            "H": 64,
-            "HP": 64,
-            "BLOCK_N": 64,
-            "ROWS": 4,
-            "FMT": 0,
-            "Q_FP8": True,
-            "WIDE": "bf16",
-            "FOLD": False,
-        },
-    ),
+    "ragged_fp8_rows": (RAGGED, RAGGED_FP8),
+    "ragged_mxfp4_rows": (RAGGED, {**RAGGED_FP8, "FMT": 1}),
+    "ragged_mxfp4_folded": (RAGGED, {**RAGGED_FP8, "FMT": 1, "FOLD": True}),
     "fp32out_split": (
         {
             "x_ptr": "*bf16",

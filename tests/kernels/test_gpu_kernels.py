@@ -164,8 +164,21 @@ def test_logits_paged(fmt, q_dtype, batch, next_n, heads):
     assert relative_error(got, want) < 2e-3
 
 
+# The defaults and bench/gpu_ops.py --tune's forms: key spans of 8 tiles, 8 warps, 128-key
+# tiles, mxfp4's 4 rows at 8 warps and 2 stages.
+RAGGED_FORMS = [
+    {},
+    {"tiles": 8},
+    {"tiles": 8, "num_warps": 8},
+    {"tiles": 3, "num_warps": 8, "block_n": 128},
+    {"tiles": 8, "rows": 1},
+    {"tiles": 8, "rows": 4, "num_warps": 8, "num_stages": 2},
+]
+
+
+@pytest.mark.parametrize("form", RAGGED_FORMS, ids=str)
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
-def test_logits_ragged(fmt):
+def test_logits_ragged(fmt, form):
     from hwrun.kernels.triton.indexer_logits_ragged import logits_ragged
 
     m, n, heads = 300, 2000, 64
@@ -174,10 +187,9 @@ def test_logits_ragged(fmt):
     w = torch.rand(m, heads, device="cuda")
     ks = torch.randint(0, 500, (m,), device="cuda", dtype=torch.int32)
     ke = torch.maximum(ks, torch.randint(0, n + 1, (m,), device="cuda", dtype=torch.int32))
-    got = logits_ragged(q, w, elements, scales, fmt, ks, ke)
-    assert (
-        relative_error(got, ref_indexer.logits_ragged(q, w, elements, scales, fmt, ks, ke)) < 2e-3
-    )
+    got = logits_ragged(q, w, elements, scales, fmt, ks, ke, **form)
+    want = ref_indexer.logits_ragged(q, w, elements, scales, fmt, ks, ke)
+    assert relative_error(got, want) < 2e-3
 
 
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "bf16"])

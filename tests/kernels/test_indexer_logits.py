@@ -162,19 +162,23 @@ def test_logits_ragged_matches_reference(fmt):
     _assert_logits_close(got, want)
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 @pytest.mark.parametrize("q_dtype", [torch.float8_e4m3fn, torch.bfloat16])
-def test_logits_ragged_fp8_reads_only_keys_some_row_scores(q_dtype):
-    """fp8 keys against a program's rows in one product: rows with windows that cut a tile at
+@pytest.mark.parametrize("tiles", [1, 3, 8])
+def test_logits_ragged_reads_only_keys_some_row_scores(fmt, q_dtype, tiles):
+    """Keys against a program's rows in one product: rows with windows that cut a tile at
     different columns (each row's columns outside its window are computed for its neighbours
-    and must read -inf), an empty row, a partial last row group, and 0xFF bytes (NaN keys and
-    scales) in every key no row's window holds, whose products must not reach the output
-    (masking by arithmetic, a score times 0, would let NaN through)."""
+    and must read -inf), an empty row, a partial last row group, and 0xFF bytes (NaN fp8 keys,
+    NaN scales of both formats) in every key no row's window holds, whose products must not
+    reach the output (masking by arithmetic, a score times 0, would let NaN through). With
+    ``tiles`` key tiles a program (7 in all): spans whose first or last tiles lie outside
+    every row's window (written as -inf unread), a last span cut short, one span for all."""
     from hwrun.kernels.triton.indexer_logits_ragged import logits_ragged
     from hwrun.ops.indexer import logits_ragged as reference_ragged
 
     g = torch.Generator().manual_seed(12)
     rows, heads, num_keys = 11, 5, 200
-    elements, scales = get_index_key_format("fp8").encode(torch.randn(num_keys, 128, generator=g))
+    elements, scales = get_index_key_format(fmt).encode(torch.randn(num_keys, 128, generator=g))
     q = torch.randn(rows, heads, 128, generator=g).to(q_dtype)
     weights = torch.randn(rows, heads, generator=g)
     ks = torch.tensor([0, 3, 40, 40, 70, 0, 150, 150, 199, 64, 100], dtype=torch.int32)
@@ -184,8 +188,8 @@ def test_logits_ragged_fp8_reads_only_keys_some_row_scores(q_dtype):
         read[start:end] = True
     elements, scales = elements.clone(), scales.clone()
     elements[~read], scales[~read] = 0xFF, 0xFF
-    got = logits_ragged(q, weights, elements, scales, "fp8", ks, ke, block_n=32, rows=4)
-    want = reference_ragged(q, weights, elements, scales, "fp8", ks, ke)
+    got = logits_ragged(q, weights, elements, scales, fmt, ks, ke, block_n=32, rows=4, tiles=tiles)
+    want = reference_ragged(q, weights, elements, scales, fmt, ks, ke)
     assert not got.isnan().any()
     _assert_logits_close(got, want)
 

@@ -1,10 +1,12 @@
 """indexer.logits_ragged: score = sum_h w * relu(q . k) * k_scale over a ragged key array (the
 prefill's keys), each query row against its window [ks, ke) of it, -inf outside.
 
-Program (key tile, row group) reads one tile of keys and scores ROWS query rows against it:
-over fp8 keys in one product of the rows' heads side by side (_ragged_fp8_rows), over mxfp4
-keys one row at a time. Key tiles and query helpers are index_key_tiles.py's, the argument
-checks indexer_logits.py's (the paged op).
+Program (key span, row group) scores ROWS query rows against a span of TILES key tiles of
+BLOCK_N keys: the rows' heads side by side as one product's columns ([BLOCK_N, ROWS * HP], as
+the paged kernel's next-n rows), their queries and weights loaded once for the whole span, the
+key tiles streamed through it. Tiles of the span that no row's window reaches are only written
+as -inf. Key tiles and query helpers are index_key_tiles.py's, the argument checks
+indexer_logits.py's (the paged op).
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ import triton.language as tl
 
 from hwrun.kernels.triton.index_key_tiles import (
     FMT_MXFP4,
-    fp8_key_scores,
+    fp8_key_products,
     load_query_fp8_keys,
     load_query_group,
     mxfp4_key_scores,
     mxfp4_key_scores_folded,
     padded_heads,
-    relu,
     weighted_relu_sum,
     wide_dtype,
 )
@@ -43,6 +44,7 @@ def _ragged_logits_kernel(
     N,
     elem_stride,
     scale_stride,
+    tiles,  # key tiles a program's span holds
     H: tl.constexpr,
     HP: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -54,98 +56,119 @@ def _ragged_logits_kernel(
     PDL: tl.constexpr = False,  # pdl.py's protocol
 ):
     wait_for_previous_kernel(PDL)
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n64 = n.to(tl.int64)
-    n_mask = n < N
-    elem_rows = elem_ptr + n64 * elem_stride
-    scale_rows = scale_ptr + n64 * scale_stride
-    head = tl.arange(0, HP)
-    h_mask = head < H
-    tile_lo = tl.program_id(0) * BLOCK_N
-    if FMT == 0:
-        _ragged_fp8_rows(
-            q_ptr, w_ptr, elem_rows, scale_rows, ks_ptr, ke_ptr, out_ptr, M, N, n, n_mask,
-            tile_lo, H, HP, BLOCK_N, ROWS, Q_FP8, WIDE,
-        )  # fmt: skip
-        return
-    for i in range(ROWS):
-        m = tl.program_id(1) * ROWS + i
-        if m < M:
-            start = tl.load(ks_ptr + m)
-            end = tl.load(ke_ptr + m)
-            inside = (n >= start) & (n < end)
-            if (start < tile_lo + BLOCK_N) & (end > tile_lo):
-                q_rows = m.to(tl.int64) * H + head
-                w = tl.load(w_ptr + q_rows, mask=h_mask, other=0.0)
-                if FMT == 0:
-                    qt = load_query_fp8_keys(q_ptr, q_rows, h_mask, 128, Q_FP8, WIDE)
-                    scores = fp8_key_scores(elem_rows, scale_rows, inside, qt, Q_FP8, WIDE)
-                else:
-                    q0 = load_query_group(q_ptr, q_rows, h_mask, 0, 128, Q_FP8, WIDE)
-                    q1 = load_query_group(q_ptr, q_rows, h_mask, 1, 128, Q_FP8, WIDE)
-                    q2 = load_query_group(q_ptr, q_rows, h_mask, 2, 128, Q_FP8, WIDE)
-                    q3 = load_query_group(q_ptr, q_rows, h_mask, 3, 128, Q_FP8, WIDE)
-                    if FOLD:
-                        qt = load_query_fp8_keys(q_ptr, q_rows, h_mask, 128, Q_FP8, WIDE)
-                        scores = mxfp4_key_scores_folded(
-                            elem_rows, scale_rows, inside, qt, q0, q1, q2, q3, Q_FP8, WIDE
-                        )
-                    else:
-                        scores = mxfp4_key_scores(
-                            elem_rows, scale_rows, inside, q0, q1, q2, q3, Q_FP8, WIDE
-                        )
-                logits = tl.sum(relu(scores) * w[None, :], axis=1)
-                logits = tl.where(inside, logits, float("-inf"))
-            else:
-                logits = tl.full((BLOCK_N,), float("-inf"), tl.float32)
-            tl.store(out_ptr + m.to(tl.int64) * N + n64, logits, mask=n_mask)
-
-
-@triton.jit
-def _ragged_fp8_rows(
-    q_ptr,
-    w_ptr,
-    elem_rows,  # [BLOCK_N] pointers to the tile's keys
-    scale_rows,  # [BLOCK_N] pointers to their scales
-    ks_ptr,
-    ke_ptr,
-    out_ptr,
-    M,
-    N,
-    n,
-    n_mask,
-    tile_lo,
-    H: tl.constexpr,
-    HP: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr,
-    Q_FP8: tl.constexpr,
-    WIDE: tl.constexpr,
-):
-    """fp8 keys against the program's ROWS query rows in one product: the tile's keys and
-    scales loaded once, the rows' heads side by side ([BLOCK_N, ROWS * HP], as the paged
-    kernel's NEXT_N rows), each row's window applied after. A product per row reloaded the
-    tile's keys and scales for every row and gave the matrix units ROWS narrow products
-    instead of one. Columns outside a row's window but inside another's are computed for it
-    and set to -inf; columns outside every row's are never read."""
     m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     m_ok = m < M
     starts = tl.load(ks_ptr + m, mask=m_ok, other=0)
     ends = tl.load(ke_ptr + m, mask=m_ok, other=0)
-    inside = (n[:, None] >= starts[None, :]) & (n[:, None] < ends[None, :]) & m_ok[None, :]
-    logits = tl.full((BLOCK_N, ROWS), float("-inf"), tl.float32)
-    read = tl.max(inside.to(tl.int32), 1) > 0  # a column some row's window holds
-    if tl.max(read.to(tl.int32), 0) > 0:
-        col = tl.arange(0, ROWS * HP)
-        row_of, head = col // HP, col % HP
-        q_rows = (tl.program_id(1) * ROWS + row_of).to(tl.int64) * H + head
-        q_ok = (head < H) & ((tl.program_id(1) * ROWS + row_of) < M)
-        w = tl.load(w_ptr + q_rows, mask=q_ok, other=0.0)
+    holds = m_ok & (ends > starts)
+    # The span's tiles [first, last) reach some row's window: the hull of the rows' windows.
+    span = tl.program_id(0) * tiles
+    span_end = tl.minimum(span + tiles, tl.cdiv(N, BLOCK_N))
+    first = tl.maximum(span, tl.min(tl.where(holds, starts, N), 0) // BLOCK_N)
+    hull_end = tl.cdiv(tl.max(tl.where(holds, ends, 0), 0), BLOCK_N)
+    last = tl.maximum(first, tl.minimum(span_end, hull_end))
+    out_rows = out_ptr + m.to(tl.int64) * N
+    tok = tl.arange(0, BLOCK_N)
+    store_rows = m_ok[None, :]
+    empty = tl.full((BLOCK_N, ROWS), float("-inf"), tl.float32)
+    for t in range(span, first):
+        n = t * BLOCK_N + tok
+        tl.store(out_rows[None, :] + n[:, None], empty, mask=(n < N)[:, None] & store_rows)
+    for t in range(last, span_end):
+        n = t * BLOCK_N + tok
+        tl.store(out_rows[None, :] + n[:, None], empty, mask=(n < N)[:, None] & store_rows)
+    if last > first:
+        _score_tiles(
+            q_ptr, w_ptr, elem_ptr, scale_ptr, out_rows, M, N, elem_stride, scale_stride,
+            starts, ends, m_ok, first, last, H, HP, BLOCK_N, ROWS, FMT, Q_FP8, WIDE, FOLD,
+        )  # fmt: skip
+
+
+@triton.jit
+def _score_tiles(
+    q_ptr,
+    w_ptr,
+    elem_ptr,
+    scale_ptr,
+    out_rows,  # [ROWS] pointers to the rows' logits
+    M,
+    N,
+    elem_stride,
+    scale_stride,
+    starts,  # [ROWS] the rows' windows, [0, 0) for rows past M
+    ends,
+    m_ok,
+    first,
+    last,
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+    FMT: tl.constexpr,
+    Q_FP8: tl.constexpr,
+    WIDE: tl.constexpr,
+    FOLD: tl.constexpr,
+):
+    """Key tiles first..last-1 against the program's rows, their queries and weights loaded once
+    (a program per tile reloaded 32 KB of queries for every 8 KB tile of fp8 keys). Columns
+    outside a row's window but inside another's are computed for it and set to -inf (by
+    selection: a NaN key must not reach a row that does not read it); keys outside every row's
+    window are never read."""
+    col = tl.arange(0, ROWS * HP)
+    row_of, head = col // HP, col % HP
+    row = tl.program_id(1) * ROWS + row_of
+    q_rows = row.to(tl.int64) * H + head
+    q_ok = (head < H) & (row < M)
+    w = tl.load(w_ptr + q_rows, mask=q_ok, other=0.0)
+    if FMT == 0 or FOLD:
         qt = load_query_fp8_keys(q_ptr, q_rows, q_ok, 128, Q_FP8, WIDE)
-        scores = fp8_key_scores(elem_rows, scale_rows, read & n_mask, qt, Q_FP8, WIDE)
-        logits = tl.where(inside, weighted_relu_sum(scores, w, ROWS, HP), logits)
-    out = out_ptr + m.to(tl.int64)[None, :] * N + n.to(tl.int64)[:, None]
-    tl.store(out, logits, mask=n_mask[:, None] & m_ok[None, :])
+    if FMT != 0:
+        q0 = load_query_group(q_ptr, q_rows, q_ok, 0, 128, Q_FP8, WIDE)
+        q1 = load_query_group(q_ptr, q_rows, q_ok, 1, 128, Q_FP8, WIDE)
+        q2 = load_query_group(q_ptr, q_rows, q_ok, 2, 128, Q_FP8, WIDE)
+        q3 = load_query_group(q_ptr, q_rows, q_ok, 3, 128, Q_FP8, WIDE)
+    tok = tl.arange(0, BLOCK_N)
+    if FMT == 0:
+        scale = _fp8_tile_scales(scale_ptr, scale_stride, first, last, N, tok, BLOCK_N)
+    # No branch inside the loop, so its key loads are pipelined.
+    for t in range(first, last):
+        n = t * BLOCK_N + tok
+        inside = (n[:, None] >= starts[None, :]) & (n[:, None] < ends[None, :])
+        read = (tl.max(inside.to(tl.int32), 1) > 0) & (n < N)
+        elem_rows = elem_ptr + n.to(tl.int64) * elem_stride
+        if FMT == 0:
+            scale_next = _fp8_tile_scales(scale_ptr, scale_stride, t + 1, last, N, tok, BLOCK_N)
+            scores = fp8_key_products(elem_rows, read, qt, Q_FP8, WIDE) * scale[:, None]
+        else:
+            scale_rows = scale_ptr + n.to(tl.int64) * scale_stride
+            if FOLD:
+                scores = mxfp4_key_scores_folded(
+                    elem_rows, scale_rows, read, qt, q0, q1, q2, q3, Q_FP8, WIDE
+                )
+            else:
+                scores = mxfp4_key_scores(elem_rows, scale_rows, read, q0, q1, q2, q3, Q_FP8, WIDE)
+        logits = tl.where(inside, weighted_relu_sum(scores, w, ROWS, HP), float("-inf"))
+        tl.store(out_rows[None, :] + n[:, None], logits, mask=(n < N)[:, None] & m_ok[None, :])
+        if FMT == 0:
+            scale = scale_next
+
+
+@triton.jit
+def _fp8_tile_scales(scale_ptr, scale_stride, t, last, N, tok, BLOCK_N: tl.constexpr):
+    """Tile t's fp32 key scales (0 past ``last``), loaded a tile before its product: Triton's
+    pipeliner leaves a load that feeds no dot in the step that multiplies by it (as the paged
+    kernel's _step_blocks says). Scales of keys no row reads are loaded too: their products are
+    discarded by selection, so even a NaN scale there never reaches a logit."""
+    n = t * BLOCK_N + tok
+    live = (n < N) & ((tok * 0 + t) < last)
+    scale_rows = (scale_ptr + n.to(tl.int64) * scale_stride).to(tl.pointer_type(tl.float32))
+    return tl.load(scale_rows, mask=live, other=0.0)
+
+
+def default_rows(heads: int) -> int:
+    """Query rows a program scores side by side: up to 4, as many as keep the product 256
+    columns wide (a [64, 512] fp32 accumulator at 4 warps would not fit in registers)."""
+    return max(1, min(4, 256 // padded_heads(heads)))
 
 
 def logits_ragged(
@@ -157,11 +180,15 @@ def logits_ragged(
     ks: torch.Tensor,  # [M] int32
     ke: torch.Tensor,  # [M] int32
     block_n: int = 64,
-    rows: int = 4,
+    rows: int | None = None,
+    tiles: int = 1,
     num_warps: int = 4,
+    num_stages: int = 3,
     fold_groups: bool = False,
 ) -> torch.Tensor:  # [M, N] float32, -inf outside [ks, ke)
-    """``fold_groups``: as for :func:`logits_paged`."""
+    """``rows``: query rows per program (default :func:`default_rows`); ``tiles``: key tiles of
+    ``block_n`` keys per program, the rows' queries loaded once for all of them;
+    ``fold_groups``: as for :func:`logits_paged`."""
     M = q.shape[0]
     H = check_query_args(q, weights, fmt, M, "logits_ragged")
     code, elem_bytes, scale_bytes = KEY_FORMATS[fmt]
@@ -174,10 +201,16 @@ def logits_ragged(
         )
     if key_elements.stride(1) != 1 or key_scales.stride(1) != 1:
         raise ValueError("logits_ragged: key rows must be contiguous (stride 1 within a row)")
+    rows = default_rows(H) if rows is None else rows
+    if rows < 1 or rows & (rows - 1) or tiles < 1:
+        raise ValueError(
+            f"logits_ragged: rows must be a power of two and tiles at least 1, got rows={rows} "
+            f"tiles={tiles}"
+        )
     out = torch.empty((M, N), dtype=torch.float32, device=q.device)
     if M == 0 or N == 0:
         return out
-    grid = (triton.cdiv(N, block_n), triton.cdiv(M, rows))
+    grid = (triton.cdiv(triton.cdiv(N, block_n), tiles), triton.cdiv(M, rows))
     prepare_launch()
     _ragged_logits_kernel[grid](
         q.contiguous(),
@@ -191,6 +224,7 @@ def logits_ragged(
         N,
         key_elements.stride(0),
         key_scales.stride(0),
+        tiles,
         H=H,
         HP=padded_heads(H),
         BLOCK_N=block_n,
@@ -200,6 +234,7 @@ def logits_ragged(
         WIDE=wide_dtype(),
         FOLD=fold_groups and code == FMT_MXFP4,
         num_warps=num_warps,
+        num_stages=num_stages,
         **pdl_options(q.device),
     )
     return out
