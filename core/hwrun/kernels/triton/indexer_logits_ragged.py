@@ -165,10 +165,13 @@ def _fp8_tile_scales(scale_ptr, scale_stride, t, last, N, tok, BLOCK_N: tl.const
     return tl.load(scale_rows, mask=live, other=0.0)
 
 
-def default_rows(heads: int) -> int:
-    """Query rows a program scores side by side: up to 4, as many as keep the product 256
-    columns wide (a [64, 512] fp32 accumulator at 4 warps would not fit in registers)."""
-    return max(1, min(4, 256 // padded_heads(heads)))
+def default_rows(heads: int, fmt: str) -> int:
+    """Query rows a program scores side by side. fp8: up to 4, as many as keep the product 256
+    columns wide (a [64, 512] fp32 accumulator at 4 warps would not fit in registers). mxfp4:
+    1, as before rows were side by side: at 4 warps its sm_90 cubin spills from 2 rows on
+    (255 registers and 1856 bytes of stack at 4), and 4 rows at 8 warps, which fit, are
+    untimed."""
+    return max(1, min(4, 256 // padded_heads(heads))) if fmt == "fp8" else 1
 
 
 def logits_ragged(
@@ -201,7 +204,7 @@ def logits_ragged(
         )
     if key_elements.stride(1) != 1 or key_scales.stride(1) != 1:
         raise ValueError("logits_ragged: key rows must be contiguous (stride 1 within a row)")
-    rows = default_rows(H) if rows is None else rows
+    rows = default_rows(H, fmt) if rows is None else rows
     if rows < 1 or rows & (rows - 1) or tiles < 1:
         raise ValueError(
             f"logits_ragged: rows must be a power of two and tiles at least 1, got rows={rows} "
