@@ -278,8 +278,12 @@ def test_block_fp8_projections_stay_fp8_on_the_gpu(plugins, gpu_fp8_model):  # n
 
 @pytest.fixture(scope="module")
 def gpu_a8w8_model(tmp_path_factory):
+    """v_head_dim 128: o_proj's input is one 128-column group a head, so under
+    HWRUN_NORM_QUANTIZE the W_UV product writes its codes (the tiny default of 32 would leave
+    o_proj to the quantizer and the test below would not see that path)."""
     path = tmp_path_factory.mktemp("gpu-a8w8-model")
-    return build_tiny_model(path, seed=23, weights="fp8", **(GPU_MODEL | A8W8_READY))
+    shape = GPU_MODEL | A8W8_READY | dict(v_head_dim=128)
+    return build_tiny_model(path, seed=23, weights="fp8", **shape)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
