@@ -6,8 +6,9 @@ same batch-1 kernels read 13 us on one machine and 70-80 us on the next with pla
 What cannot be captured (the torch references synchronize) falls back to ``do_bench``
 (CUDA events, L2 flushed before every run).
 Ceilings are measured in the same process: a device-to-device copy (bytes read + written per
-second) and a large bf16 matrix product (FLOP/s); "% roof" is the time the op's unavoidable
-bytes (or FLOPs, when larger) would take at those rates over the measured time.
+second), a large bf16 matrix product and, on Hopper, the same product in fp8 (FLOP/s);
+"% roof" is the time the op's unavoidable bytes (or FLOPs of its product type, when larger)
+would take at those rates over the measured time.
 """
 
 from __future__ import annotations
@@ -69,9 +70,18 @@ def split_note(busy_us: float, exposed: dict[str, float]) -> str:
 class Ceilings:
     copy_bytes_per_s: float
     bf16_flops_per_s: float
+    fp8_flops_per_s: float = float("inf")  # unmeasured (no fp8 MMA): fp8 flops bound nothing
 
-    def floor_us(self, nbytes: float, flops: float = 0.0) -> float:
-        return max(nbytes / self.copy_bytes_per_s, flops / self.bf16_flops_per_s) * 1e6
+    def floor_us(self, nbytes: float, flops: float = 0.0, fp8_flops: float = 0.0) -> float:
+        """The time the slowest of copy, bf16 products and fp8 products needs."""
+        return (
+            max(
+                nbytes / self.copy_bytes_per_s,
+                flops / self.bf16_flops_per_s,
+                fp8_flops / self.fp8_flops_per_s,
+            )
+            * 1e6
+        )
 
 
 def copy_bytes_per_s(device: torch.device | str = "cuda") -> float:
@@ -87,7 +97,15 @@ def measure_ceilings() -> Ceilings:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm_us = bench(lambda: a @ b, graph=False)
-    return Ceilings(copy, 2 * 8192**3 / (mm_us * 1e-6))
+    fp8_flops = float("inf")
+    if torch.cuda.get_device_capability()[0] >= 9:  # fp8 tensor cores: Hopper on
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device="cuda")
+        mm8_us = bench(
+            lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16), graph=False
+        )
+        fp8_flops = 2 * 8192**3 / (mm8_us * 1e-6)
+    return Ceilings(copy, 2 * 8192**3 / (mm_us * 1e-6), fp8_flops)
 
 
 @dataclass
@@ -164,7 +182,8 @@ def card_line(ceil: Ceilings) -> str:
     name = torch.cuda.get_device_properties(0).name
     return (
         f"{name}, copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
-        f"{ceil.bf16_flops_per_s / 1e12:.0f} TFLOP/s, torch {torch.__version__}"
+        f"{ceil.bf16_flops_per_s / 1e12:.0f} TFLOP/s, fp8 matmul "
+        f"{ceil.fp8_flops_per_s / 1e12:.0f} TFLOP/s, torch {torch.__version__}"
     )
 
 

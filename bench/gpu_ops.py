@@ -59,8 +59,10 @@ def _tune(name, run, configs, log):
             us = bench(lambda cfg=cfg: run(**cfg), warmup=10, rep=40)
         except Exception as exc:  # a config the compiler refuses (shared memory, registers)
             log.append(f"{name} {cfg}: failed {type(exc).__name__}: {str(exc)[:120]}")
+            print(log[-1], flush=True)
             continue
         log.append(f"{name} {cfg}: {us:.1f} us")
+        print(log[-1], flush=True)  # each config as timed: a run cut short keeps what it had
         if best is None or us < best[1]:
             best = (cfg, us)
     log.append(f"{name} best {best}")
@@ -388,7 +390,11 @@ def ragged_rows(ceil, tune, log):
                 if fmt == "fp8"
                 else [{"rows": 1}, {"rows": 4, "num_warps": 8, "num_stages": 2}]
             )
-            grid = [form | {"tiles": tiles} for form in forms for tiles in (1, 8, 32)]
+            grid = [form | {"tiles": tiles} for form in forms for tiles in (8, 32, 128)]
+            if fmt == "fp8":  # spans past 32 tiles at 4 warps, a deeper ring, 2 rows
+                grid += [{"num_warps": 4, "tiles": 64}, {"num_warps": 4, "tiles": 256}]
+                grid += [{"num_warps": 4, "tiles": 32, "num_stages": 4}]
+                grid += [{"num_warps": 4, "tiles": 32, "rows": 2}]
             cfg = _tune(f"logits_ragged {fmt}", run, grid, log)
         us = bench(lambda run=run, cfg=cfg: run(**cfg))
         peers = {}
@@ -400,14 +406,14 @@ def ragged_rows(ceil, tune, log):
             peers["DeepGEMM"] = bench(
                 lambda k=keys, s=kscale: deep_gemm.fp8_mqa_logits(q, (k, s), w, ks, ke)
             )
-        flops = 2 * float((ke - ks).sum()) * heads * 128
+        flops = 2 * float((ke - ks).sum()) * heads * 128  # fp8 products for both formats
         rows.append(
             Row(
                 "indexer.logits_ragged",
                 f"M={m} N={n} H={heads} {fmt}",
                 "triton",
                 us,
-                ceil.floor_us(m * n * 4, flops),
+                ceil.floor_us(m * n * 4, fp8_flops=flops),
                 peers,
                 f"cfg {cfg}" if cfg else "",
             )
