@@ -164,10 +164,14 @@ def test_logits_paged(fmt, q_dtype, batch, next_n, heads):
     assert relative_error(got, want) < 2e-3
 
 
-# The defaults and bench/gpu_ops.py --tune's forms: key spans of 8 tiles, 8 warps, 128-key
-# tiles, mxfp4's 4 rows at 8 warps and 2 stages.
+# The defaults (spans of up to 32 tiles) and bench/gpu_ops.py --tune's forms: a tile a program,
+# spans of 8 and 64 tiles, 8 warps, 128-key tiles, 2 rows at 4 stages, mxfp4's 4 rows at 8 warps
+# and 2 stages.
 RAGGED_FORMS = [
     {},
+    {"tiles": 1},
+    {"tiles": 64},
+    {"tiles": 32, "rows": 2, "num_stages": 4},
     {"tiles": 8},
     {"tiles": 8, "num_warps": 8},
     {"tiles": 3, "num_warps": 8, "block_n": 128},

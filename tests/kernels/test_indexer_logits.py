@@ -162,9 +162,18 @@ def test_logits_ragged_matches_reference(fmt):
     _assert_logits_close(got, want)
 
 
+def test_ragged_spans_keep_four_programs_a_multiprocessor():
+    from hwrun.kernels.triton.indexer_logits_ragged import MAX_SPAN_TILES, default_tiles
+
+    assert default_tiles(256, 1024, 132) == MAX_SPAN_TILES  # M=4096 N=16384, 4 rows a program
+    assert default_tiles(64, 4, 132) == 1  # 16 query rows against 4096 keys: a tile a program
+    spans = default_tiles(2048, 8, 132)  # 32 rows against 131072 keys
+    assert 1 < spans < MAX_SPAN_TILES and -(-2048 // spans) * 8 >= 4 * 132
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 @pytest.mark.parametrize("q_dtype", [torch.float8_e4m3fn, torch.bfloat16])
-@pytest.mark.parametrize("tiles", [1, 3, 8])
+@pytest.mark.parametrize("tiles", [1, 3, 8, None])
 def test_logits_ragged_reads_only_keys_some_row_scores(fmt, q_dtype, tiles):
     """Keys against a program's rows in one product: rows with windows that cut a tile at
     different columns (each row's columns outside its window are computed for its neighbours
