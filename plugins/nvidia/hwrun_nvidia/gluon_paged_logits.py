@@ -20,19 +20,22 @@ layout the MMA reads (DeepGEMM's paged kernel, which the engine uses for them, r
 TMA with warp-specialised producers).
 
 Each page's block-table entry is read an iteration before its copy is issued, so that the
-copy does not wait on it. Three forms are not yet run on hardware and are off by default:
-fp8's ``overlap`` (each page's MMA async while the previous page's logits are stored), mxfp4's
-``max_registers=128`` (four programs an SM instead of three, for a few spill reloads a page)
-and mxfp4's ``pairs`` (two pages an iteration: one ring wait, one barrier and one fold decision
-for both; 317 instructions a page against 351 in the sm_90 cubin).
+copy does not wait on it. mxfp4 keys take two pages an iteration by default (``pairs``: one
+ring wait, one barrier and one fold decision for both; 317 instructions a page against 351 in
+the sm_90 cubin) with ptxas capped at 128 registers (four programs an SM instead of three, for
+a few spill reloads a page): 347.6 us against ~425 one page an iteration uncapped at B=64 x
+131072 on an H100. fp8's ``overlap`` (each page's MMA async while the previous page's logits
+are stored) timed no faster and stays off.
 
 Tested: the sm_90 cubin of each form is built and read in CI (plugins/nvidia/tests/
 test_gluon.py), the unpack is checked by tests/kernels/test_unpack_ptx.py, and plugins/nvidia/
-tests/test_gluon_gpu.py compares the kernels with the reference on an H200 (passed there on
-2026-12-05, before the block-table read ahead and the three forms).
+tests/test_gluon_gpu.py compares every form with the reference on an H200 (passed there, 49
+cases, on 2026-12-06).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -635,10 +638,25 @@ def _score_mxfp4_pairs(
         p += 1  # noqa: SIM113 (a kernel loop has no enumerate)
 
 
-# Per key format: the kernel's MXFP4 switch, the bytes of a key's elements, the default stages
-# and the programs that fit on a multiprocessor (mxfp4: 157 registers a thread, 3 programs of 4
-# warps; fp8: 64 registers, 5 programs by shared memory at 4 stages of 8.25 KiB and the queries).
-KERNELS = {"mxfp4": (True, 64, 6, 3), "fp8": (False, 128, 4, 5)}
+class KeyKernel(NamedTuple):
+    """A key format's kernel and its launch defaults (from gpu_ops.py --tune)."""
+
+    mxfp4: bool  # the kernel's MXFP4 switch
+    elem_bytes: int  # bytes of a key's elements
+    stages: int
+    pairs: bool  # mxfp4: two pages an iteration
+    max_registers: int | None  # ptxas's cap a thread, None for none
+    per_sm: int  # programs a multiprocessor holds uncapped
+
+
+# mxfp4: 161 registers a thread uncapped, 3 programs of 4 warps (shared memory holds 5); capped
+# at 128, 4. Tuned on an H100 (2026-12-06, B=64 x 131072): paired and capped at 6 stages 347.6
+# us, paired uncapped ~370, one page an iteration ~425. fp8: 64 registers, 5 programs by shared
+# memory at 4 stages of 8.25 KiB and the queries.
+KERNELS = {
+    "mxfp4": KeyKernel(True, 64, stages=6, pairs=True, max_registers=128, per_sm=3),
+    "fp8": KeyKernel(False, 128, stages=4, pairs=False, max_registers=None, per_sm=5),
+}
 
 
 def default_splits(batch: int, num_ctx_blocks: int, multiprocessors: int, per_sm: int) -> int:
@@ -659,8 +677,8 @@ def logits_paged(
     splits: int | None = None,
     stages: int | None = None,
     overlap: bool = False,
-    max_registers: int | None = None,
-    pairs: bool = False,
+    max_registers: int | None = -1,
+    pairs: bool | None = None,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
     """The kernels' launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
@@ -668,14 +686,19 @@ def logits_paged(
     the next one, whose codes decide its fold, and one in flight; fp8: at least 2); ``overlap``
     (fp8 keys): each page's MMA runs async while the previous page's logits are stored, at 116
     registers a thread against 64 (not yet measured on hardware, so off by default);
-    ``max_registers``: ptxas's cap a thread (mxfp4 at 128: four programs an SM instead of
-    three, for ~10 spill reloads a page from L1; also not yet measured); ``pairs`` (mxfp4
-    keys, an even number of stages of at least 4): two pages an iteration, one ring wait and
-    one barrier for both (not yet measured)."""
-    mxfp4, _, default_stages, per_sm = KERNELS[fmt]
+    ``max_registers``: ptxas's cap a thread, None for none (default -1: the format's, mxfp4
+    128: four programs an SM instead of three, for ~10 spill reloads a page from L1); ``pairs``
+    (mxfp4 keys, an even number of stages of at least 4): two pages an iteration, one ring wait
+    and one barrier for both (default None: the format's, mxfp4 paired when the stages allow)."""
+    kernel = KERNELS[fmt]
+    mxfp4, per_sm = kernel.mxfp4, kernel.per_sm
+    stages = kernel.stages if stages is None else stages
+    if pairs is None:
+        pairs = kernel.pairs and stages >= 4 and stages % 2 == 0
+    if max_registers == -1:
+        max_registers = kernel.max_registers
     if max_registers is not None:  # registers bind: shared memory holds 5 mxfp4 programs
         per_sm = max(1, 65536 // (128 * max_registers))
-    stages = default_stages if stages is None else stages
     if stages < (3 if fmt == "mxfp4" else 2):
         raise ValueError(f"gluon logits_paged: stages={stages} is too few for {fmt} keys")
     if overlap and mxfp4:
@@ -720,7 +743,7 @@ def shape_reasons(q: torch.Tensor, cache: torch.Tensor, fmt: str) -> list[str]:
             f"it takes q [B, 1, H <= {MAX_HEADS}, {HEAD_DIM.value}] (one query row a request), got "
             f"{tuple(q.shape)}"
         )
-    page_bytes = BLOCK_SIZE.value * (KERNELS[fmt][1] + 4)
+    page_bytes = BLOCK_SIZE.value * (KERNELS[fmt].elem_bytes + 4)
     if cache.dim() != 2 or cache.shape[1] != page_bytes or cache.stride(1) != 1:
         reasons.append(f"it reads contiguous 64-token pages of {page_bytes} B for {fmt} keys")
     elif cache.stride(0) % 16 or cache.data_ptr() % 16:

@@ -170,7 +170,7 @@ def _build(fmt: str, heads: int) -> str:
     signature = json.loads(os.environ["SIGNATURE"])
     # As a launch specialises them: 16-byte aligned pointers and a page stride of 16 B units.
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
-    mxfp4, _, stages, _ = kernel.KERNELS[fmt]
+    mxfp4, stages = kernel.KERNELS[fmt].mxfp4, kernel.KERNELS[fmt].stages
     overlap = os.environ.get("OVERLAP") == "1"
     pairs = os.environ.get("PAIRS") == "1"
     constexprs = {"H": heads, "HP": padded, "STAGES": stages, "MXFP4": mxfp4}
@@ -198,6 +198,7 @@ def _build(fmt: str, heads: int) -> str:
         ("mxfp4", 64, "max_registers=128"),
         ("mxfp4", 64, "pairs"),
         ("mxfp4", 10, "pairs"),
+        ("mxfp4", 64, "pairs,max_registers=128"),  # the default form
         ("fp8", 64, ""),
         ("fp8", 64, "overlap"),
     ],
@@ -208,9 +209,11 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
     env["OUT_DIR"] = str(tmp_path)
     overlap = form == "overlap"
     env["OVERLAP"] = str(int(overlap))
-    env["PAIRS"] = str(int(form == "pairs"))
-    if form.startswith("max_registers="):
-        env["MAXNREG"] = form.split("=")[1]
+    parts = form.split(",")
+    env["PAIRS"] = str(int("pairs" in parts))
+    for part in parts:
+        if part.startswith("max_registers="):
+            env["MAXNREG"] = part.split("=")[1]
     # The Triton paged kernels' leading arguments, which the Gluon kernel shares
     # (indexer_logits.paged_kernel_args), then its own.
     from tests.kernels.test_compiles_for_hopper import PAGED

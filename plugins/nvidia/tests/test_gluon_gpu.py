@@ -52,9 +52,11 @@ def test_matches_the_reference(fmt, heads):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("splits,stages", [(1, 3), (3, 4), (None, 6), (64, 8)])
 def test_every_split_and_stage_count(fmt, splits, stages):
+    """One page an iteration, uncapped (mxfp4's default form has its own tests below)."""
     torch.manual_seed(7)
     q, w, cache, table, lens = paged_inputs(fmt, 3, 8192, 64, 1, torch.float8_e4m3fn)
-    _check(q, w, cache, table, lens, 8192, fmt, splits=splits, stages=stages)
+    one_page = {"pairs": False, "max_registers": None}
+    _check(q, w, cache, table, lens, 8192, fmt, splits=splits, stages=stages, **one_page)
 
 
 @pytest.mark.parametrize("heads", [64, 10])
@@ -73,7 +75,7 @@ def test_the_mxfp4_kernel_capped_at_128_registers(splits, stages):
     torch.manual_seed(stages)
     q, w, cache, table, lens = paged_inputs("mxfp4", 5, 8192, 64, 1, torch.float8_e4m3fn)
     lens[1], lens[2] = 1, 65
-    _check(q, w, cache, table, lens, 8192, splits=splits, stages=stages, max_registers=128)
+    _check(q, w, cache, table, lens, 8192, splits=splits, stages=stages, pairs=False)
 
 
 @pytest.mark.parametrize("heads", [64, 10, 128])
@@ -84,7 +86,8 @@ def test_the_mxfp4_kernels_paired_form(heads, splits, stages):
     torch.manual_seed(heads + stages)
     q, w, cache, table, lens = paged_inputs("mxfp4", 5, 8192, heads, 1, torch.float8_e4m3fn)
     lens[1], lens[2], lens[3] = 1, 63, 64 * 7 + 5  # 1 page, 1 page, 8 pages (odd per 3 splits)
-    _check(q, w, cache, table, lens, 8192, splits=splits, stages=stages, pairs=True)
+    uncapped = {"pairs": True, "max_registers": None}
+    _check(q, w, cache, table, lens, 8192, splits=splits, stages=stages, **uncapped)
     _check(q, w, cache, table, lens, 8192, stages=stages, pairs=True, max_registers=128)
 
 
@@ -113,7 +116,9 @@ def test_max_ctx_cuts_rows_and_pages_past_it(fmt):
     assert (got[0] == float("-inf")).all()  # paged_inputs' empty request
 
 
-@pytest.mark.parametrize("options", [{}, {"pairs": True, "stages": 4}], ids=["pages", "pairs"])
+@pytest.mark.parametrize(
+    "options", [{"pairs": False}, {"pairs": True, "stages": 4}], ids=["pages", "pairs"]
+)
 def test_groups_too_far_apart_to_fold_and_a_nan_code(options):
     """One key's first group 2^-12 of its others (its e8m0 code ~12 lower: the page, or with
     ``pairs`` its pair, takes the four products), another key's scale code 255 (NaN: its score
