@@ -286,9 +286,43 @@ def sparse_mla_rows(ceil, tune, log):
                     f"cfg {cfg}" if cfg else "",
                 )
             )
+            if fmt == "fp8_ds_mla" and HAS_GLUON:
+                triton_out = run(**cfg)
+                floor = ceil.floor_us(nbytes, flops)
+                args = (q, cache, slots, scale, batch, heads, k, tune, triton_out, floor)
+                rows.append(gluon_mla_row(*args, peers, log))
             del cache
             torch.cuda.empty_cache()
     return rows
+
+
+def gluon_mla_row(q, cache, slots, scale, batch, heads, k, tune, triton_out, floor, peers, log):
+    """The Gluon kernel (hwrun_nvidia.gluon_sparse_mla) on the same inputs, its relative error
+    against the Triton kernel's output in the notes."""
+    from hwrun_nvidia import gluon_sparse_mla
+
+    def run(**cfg):
+        return gluon_sparse_mla.decode(q, cache, slots, scale, **cfg)
+
+    cfg = {}
+    if tune:
+        splits = [None, 2, 4, 8, 16] if batch == 1 else [None]
+        grid = [{"stages": st, "splits": sp} for st in (2, 1) for sp in splits]
+        cfg = _tune(f"gluon sparse_mla B={batch}", run, grid, log)
+    out, lse = run(**cfg)
+    want_out, want_lse = triton_out
+    err = ((out.float() - want_out.float()).norm() / want_out.float().norm()).item()
+    lse_err = (lse - want_lse).abs().max().item()
+    return Row(
+        "sparse_mla.decode",
+        f"B={batch} H={heads} topk={k} fp8_ds_mla",
+        "gluon",
+        bench(lambda: run(**cfg)),
+        floor,
+        peers,
+        f"vs triton: out rel err {err:.1e}, lse max abs err {lse_err:.1e}"
+        + (f"; cfg {cfg}" if cfg else ""),
+    )
 
 
 def flashmla_decode_us(q, cache, slots, scale):

@@ -1,8 +1,10 @@
 """The NVIDIA plugin's Gluon kernels (Hopper, sm_90), behind ``HWRUN_GLUON`` (off by default;
-tested on an H200): today ``indexer.logits_paged`` over mxfp4 and fp8 index keys
+tested on an H200): ``indexer.logits_paged`` over mxfp4 and fp8 index keys
 (:mod:`hwrun_nvidia.gluon_paged_logits`), a call they do not cover (more than one query row a
-request, other queries) going to the Triton kernel. Priority 15: above the Triton tier, under
-DeepGEMM, which keeps the fp8 keys where it is installed (it reads no mxfp4).
+request, other queries) going to the Triton kernel; and ``sparse_mla.decode`` over fp8_ds_mla
+rows (:mod:`hwrun_nvidia.gluon_sparse_mla`, not yet run on a GPU). Priority 15: above the
+Triton tier, under DeepGEMM and FlashMLA, which keep what they serve where they are installed
+(DeepGEMM reads no mxfp4).
 
 Gluon ships with Triton (3.6 on the H200); its kernels are imported at the first call. They
 use the warpgroup MMA, which only sm_90 has (Blackwell's tensor cores take other instructions).
@@ -17,7 +19,7 @@ from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_rea
 from hwrun_nvidia.device_checks import cuda_reasons, importable
 
 
-def _validate(spec: OpSpec) -> list[str]:
+def _gluon_reasons(spec: OpSpec) -> list[str]:
     reasons = []
     if not knobs.gluon_kernels():
         reasons.append("HWRUN_GLUON is off (set HWRUN_GLUON=1 to use the Gluon kernels)")
@@ -26,6 +28,11 @@ def _validate(spec: OpSpec) -> list[str]:
     reasons += cuda_reasons(spec, min_sm=90)
     if spec.arch is not None and not spec.arch.startswith("sm_90"):
         reasons.append(f"the warpgroup MMA is sm_90's only, the device is {spec.arch}")
+    return reasons
+
+
+def _validate(spec: OpSpec) -> list[str]:
+    reasons = _gluon_reasons(spec)
     reasons += format_reasons(spec, ("mxfp4", "fp8"), "index-key")
     reasons += dtype_reasons(spec, ("float8_e4m3fn",), "query")
     if spec.head_dim not in (None, 128):
@@ -55,6 +62,36 @@ def logits_paged(
     )
 
 
+def _sparse_mla_validate(spec: OpSpec) -> list[str]:
+    reasons = _gluon_reasons(spec)
+    reasons += format_reasons(spec, ("fp8_ds_mla",), "latent")
+    reasons += dtype_reasons(spec, ("bfloat16",), "query")
+    if spec.head_dim not in (None, 576):
+        reasons.append(f"head_dim must be 576 (absorbed MLA), got {spec.head_dim}")
+    return reasons
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,  # [B, s, H, 576] bfloat16
+    cache: torch.Tensor,  # [num_blocks, block_size, 656] uint8
+    fmt: str,
+    slots: torch.Tensor,  # [B, s, k] int32, -1 invalid
+    softmax_scale: float,
+    topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    latent_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from hwrun_nvidia import gluon_sparse_mla
+
+    if latent_scale is not None or gluon_sparse_mla.shape_reasons(q, cache, fmt):
+        from hwrun.kernels.triton.sparse_mla import decode as triton_decode
+
+        return triton_decode(
+            q, cache, fmt, slots, softmax_scale, topk_length, attn_sink, latent_scale
+        )
+    return gluon_sparse_mla.decode(q, cache, slots, softmax_scale, topk_length, attn_sink)
+
+
 def register(registry: OpRegistry) -> None:
     registry.register(
         OpImpl(
@@ -66,5 +103,18 @@ def register(registry: OpRegistry) -> None:
             validate=_validate,
             priority=15,
             description="Gluon (sm_90) paged logits, mxfp4 or fp8 keys: one K=128 fp8 MMA a page",
+        )
+    )
+    registry.register(
+        OpImpl(
+            op="sparse_mla.decode",
+            name="gluon",
+            platform=registry.platform,
+            fn=sparse_mla_decode,
+            graph_safe=True,  # no host reads, allocations by shape only
+            validate=_sparse_mla_validate,
+            priority=15,
+            description="Gluon (sm_90) sparse MLA decode: fp8_ds_mla tiles decoded once into "
+            "shared memory as bf16, both products on the warpgroup MMA",
         )
     )

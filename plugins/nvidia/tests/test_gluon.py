@@ -256,5 +256,134 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
         assert "STG" in out[mma : out.index("WARPGROUP.DEPBAR", mma)]
 
 
+MLA_SPEC = OpSpec(
+    op="sparse_mla.decode",
+    dtype="bfloat16",
+    formats=("fp8_ds_mla",),
+    head_dim=576,
+    device_type="cuda",
+    arch="sm_90",
+)
+
+
+def test_sparse_mla_refusals_name_what_the_kernel_needs(monkeypatch):
+    monkeypatch.delenv("HWRUN_GLUON", raising=False)
+    assert any("HWRUN_GLUON is off" in r for r in gluon._sparse_mla_validate(MLA_SPEC))
+    monkeypatch.setenv("HWRUN_GLUON", "1")
+    assert [r for r in gluon._sparse_mla_validate(MLA_SPEC) if "CUDA device" not in r] == []
+    cases = {
+        "sm_100": OpSpec(**{**MLA_SPEC.__dict__, "arch": "sm_100"}),
+        "latent format": OpSpec(**{**MLA_SPEC.__dict__, "formats": ("bf16",)}),
+        "query dtype": OpSpec(**{**MLA_SPEC.__dict__, "dtype": "float16"}),
+        "head_dim must be 576": OpSpec(**{**MLA_SPEC.__dict__, "head_dim": 512}),
+    }
+    for needle, spec in cases.items():
+        assert any(needle in r for r in gluon._sparse_mla_validate(spec)), needle
+
+
+def test_sparse_mla_ranks_under_flashmla(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(device_checks, "_cuda_available", lambda: True)
+    monkeypatch.setenv("HWRUN_GLUON", "1")
+    for has_flashmla, chosen in ((False, "gluon"), (True, "flashmla")):
+        monkeypatch.setattr("hwrun_nvidia.flashmla.importable", lambda name, v=has_flashmla: v)
+        registry = OpRegistry("nvidia")
+        plugin.hwrun_register_ops(registry)
+        assert registry.select(MLA_SPEC).impl.name == chosen
+    monkeypatch.setenv("HWRUN_GLUON", "0")
+    assert registry.select(MLA_SPEC).impl.name == "flashmla"
+
+
+def test_sparse_mla_shape_reasons_and_splits():
+    from hwrun_nvidia import gluon_sparse_mla as kernel
+
+    q = torch.zeros(2, 1, 128, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(8, 64, 656, dtype=torch.uint8)
+    assert kernel.shape_reasons(q, cache, "fp8_ds_mla") == []
+    assert kernel.shape_reasons(q, cache, "bf16")
+    assert kernel.shape_reasons(q.half(), cache, "fp8_ds_mla")
+    assert kernel.shape_reasons(q[..., :512], cache, "fp8_ds_mla")
+    assert kernel.shape_reasons(q, torch.zeros(8, 64, 1152, dtype=torch.uint8), "fp8_ds_mla")
+    odd = torch.zeros(8, 64, 672, dtype=torch.uint8)[:, :, :656]  # rows of 672 B: aligned
+    assert kernel.shape_reasons(q, odd, "fp8_ds_mla") == []
+    skewed = torch.zeros(8, 64, 660, dtype=torch.uint8)[:, :, :656]  # 660: not 16-byte
+    assert any("16-byte" in r for r in kernel.shape_reasons(q, skewed, "fp8_ds_mla"))
+    assert kernel.default_splits(64, 2, 2048, 132) == 1  # 128 programs: one wave already
+    assert kernel.default_splits(1, 2, 2048, 132) == 4  # at least 8 tiles a part
+    assert kernel.default_splits(4, 2, 2048, 132) == 4
+    assert kernel.default_splits(1, 1, 64, 132) == 1
+
+
+def test_sparse_mla_falls_back_to_triton_for_other_calls(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        "hwrun.kernels.triton.sparse_mla.decode", lambda *args: calls.append(args) or "triton"
+    )
+    q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16)
+    bf16_cache = torch.zeros(1, 64, 1152, dtype=torch.uint8)
+    slots = torch.zeros(1, 1, 4, dtype=torch.int32)
+    assert gluon.sparse_mla_decode(q, bf16_cache, "bf16", slots, 0.1) == "triton"
+    assert len(calls) == 1
+
+
+def _build_sparse_mla(stages: int) -> str:
+    """In the child: the sparse MLA kernel's sm_90 cubin, as its shared-memory size, then
+    cuobjdump's resource usage and SASS."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from hwrun_nvidia import gluon_sparse_mla as kernel
+
+    pointers = ("*bf16", "*u8", "*i32", "*i32", "*fp32", "*bf16", "*fp32")
+    names = ("q_ptr", "cache_ptr", "slots_ptr", "lens_ptr", "sink_ptr", "part_out_ptr")
+    signature = dict(zip((*names, "part_lse_ptr"), pointers, strict=True))
+    ints = ("k", "H", "chunk", "block_size", "cache_block_stride", "cache_row_stride")
+    signature |= dict.fromkeys(ints, "i32") | {"scale_log2": "fp32"}
+    signature |= dict.fromkeys(("HAS_LENS", "HAS_SINK", "STAGES"), "constexpr")
+    # As a launch specialises them: 16-byte aligned pointers and strides of 16 B units.
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 11, 12)}
+    constexprs = {"HAS_LENS": True, "HAS_SINK": True, "STAGES": stages}
+    source = GluonASTSource(kernel._sparse_mla_decode_kernel, signature, constexprs, attrs)
+    compiled = triton.compile(source, GPUTarget("cuda", 90, 32), {"num_warps": 8})
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    path = os.path.join(os.environ["OUT_DIR"], f"sparse_mla{stages}.cubin")
+    with open(path, "wb") as f:
+        f.write(compiled.asm["cubin"])
+    usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True)
+    sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True)
+    return f"SHARED_BYTES:{compiled.metadata.shared}\n" + usage.stdout + sass.stdout
+
+
+@pytest.mark.parametrize("stages", [2, 1])
+def test_sparse_mla_cubin_keeps_the_design(stages, tmp_path):
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["OUT_DIR"] = str(tmp_path)
+    child = subprocess.run(
+        [sys.executable, __file__, "sparse_mla", str(stages)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    out = child.stdout
+    shared = int(re.search(r"SHARED_BYTES:(\d+)", out).group(1))
+    assert shared <= 232448, shared  # sm_90's most a block may hold (227 KiB)
+    spilled = int(re.search(r"STACK:(\d+)", out).group(1))
+    assert spilled <= 128, spilled  # a few loop-invariant values, reloaded from L1
+    # QK: 32 NoPE and 4 RoPE steps of 64 x 32 a warpgroup; PV: 4 of 64 x 256, V as stored
+    assert out.count("HGMMA.64x32x16.F32.BF16") == 36
+    assert out.count("HGMMA.64x256x16.F32.BF16 ") == 4 and "tnspB" in out
+    assert "LDG.E.128" in out  # rows gathered 16 bytes at a time
+    assert "F2FP.F16.E4M3.UNPACK_B" in out  # the codes by the conversion instruction
+
+
 if __name__ == "__main__":
-    print(_layouts() if sys.argv[1] == "layouts" else _build(sys.argv[1], int(sys.argv[2])))
+    if sys.argv[1] == "layouts":
+        print(_layouts())
+    elif sys.argv[1] == "sparse_mla":
+        print(_build_sparse_mla(int(sys.argv[2])))
+    else:
+        print(_build(sys.argv[1], int(sys.argv[2])))

@@ -1,0 +1,349 @@
+"""sparse_mla.decode as a Gluon kernel for Hopper (sm_90), over fp8_ds_mla latent rows.
+
+The Triton kernel (hwrun.kernels.triton.sparse_mla) takes 2.04x FlashMLA's time at B=64, 128
+heads, top-2048 on the H200: Triton keeps the dequantized tile in registers and stages it
+through shared memory for every product, in layouts it chooses. Here, as in FlashMLA's sm_90
+kernel, the tile is dequantized once into shared memory as bf16, in the layout the warpgroup
+MMA reads, and both products read it there:
+
+- Program (row, 64 heads, split): two warpgroups (8 warps). The queries ([64, 576] bf16) stay
+  in shared memory for the whole program.
+- A tile is 64 top-k entries. Its fp8_ds_mla rows (656 B: 512 e4m3 codes, four fp32 group
+  scales, 64 bf16 rope values) are gathered by 16-byte loads into registers a tile ahead, then
+  decoded as the format decodes them (each code times its group's scale rounded to bf16, the
+  product rounded to bf16) and stored into a ring stage ([64, 512] + [64, 64] bf16).
+- S = Q K^T is one product over the stage, warps [4, 2]: each warpgroup owns 32 of the tile's
+  entries (no product is computed twice). The online softmax runs on it in base 2; P (bf16)
+  goes to shared memory; O += P V reads the stage's first 512 columns as V, each warpgroup
+  owning 256 of the 512 output columns (a [64, 256] fp32 accumulator: 128 registers a thread).
+- With two stages (the default) the next tile's decode and stores run while this tile's QK
+  product is in flight (async MMA); with one, after its PV product.
+
+With more splits than one, the parts are merged by lse_combine, as the Triton kernel's are.
+Numerics are the Triton kernel's: the same decode, P rounded to bf16, fp32 accumulators.
+
+Written and built for sm_90 in CI (plugins/nvidia/tests/test_gluon.py); not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+from hwrun.kernels.triton.lse_combine import combine_parts
+from hwrun_nvidia.gluon_paged_logits import _cta_barrier, _mma_result
+
+ROW_BYTES = 656  # fp8_ds_mla: 512 e4m3 codes, 4 fp32 scales, 64 bf16 rope values
+BLOCK_N = gl.constexpr(64)  # top-k entries a tile
+HEADS = gl.constexpr(64)  # heads a program: the MMA's 64 rows
+NOPE = gl.constexpr(512)
+ROPE = gl.constexpr(64)
+GROUP = gl.constexpr(128)  # codes a scale
+LN2 = gl.constexpr(0.6931471805599453)
+_LOG2E = 1.4426950408889634
+
+# S [64 heads, 64 entries]: each warpgroup 32 entries; O [64 heads, 512]: each 256 columns.
+S_LAYOUT = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+)
+O_LAYOUT = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+)
+BF16_OPERAND_SMEM = gl.constexpr(
+    gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+)
+# A row's words [64, 32] int32 (a group's 128 codes, or the 64 rope values), 16 bytes a
+# thread: held as words, a tile ahead costs 40 registers a thread (as bytes, one each); the
+# queries' [64, 512] and [64, 64] loads, 8 bf16 a thread.
+WORDS_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [8, 1], [1, 0]))
+Q_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))
+
+
+@gluon.jit
+def _queries(q_ptr, r, hb, H):
+    """Row r's queries of heads hb*64 .. hb*64+63 ([64, 512] and [64, 64] bf16 in shared
+    memory, the QK product's left operand; heads past H zero)."""
+    heads = hb * HEADS + gl.arange(0, HEADS, layout=gl.SliceLayout(1, Q_LAYOUT))
+    rows = q_ptr + (r * H + gl.expand_dims(heads, 1).to(gl.int64)) * (NOPE + ROPE)
+    live = gl.expand_dims(heads < H, 1)
+    nope_cols = gl.arange(0, NOPE, layout=gl.SliceLayout(0, Q_LAYOUT))
+    nope = gl.load(rows + gl.expand_dims(nope_cols, 0), mask=live, other=0.0)
+    rope_cols = gl.arange(0, ROPE, layout=gl.SliceLayout(0, Q_LAYOUT))
+    rope = gl.load(rows + NOPE + gl.expand_dims(rope_cols, 0), mask=live, other=0.0)
+    q_nope = gl.allocate_shared_memory(gl.bfloat16, [HEADS, NOPE], BF16_OPERAND_SMEM, nope)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [HEADS, ROPE], BF16_OPERAND_SMEM, rope)
+    return q_nope, q_rope
+
+
+@gluon.jit
+def _gather(cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride):
+    """Entries start .. start+63's rows as stored (zeros for invalid entries and those past
+    ``hi``): the four groups' codes and the rope values ([64, 32] int32 words each) and the
+    groups' scales ([64] fp32 each)."""
+    j = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_LAYOUT))
+    slot = gl.load(slot_row + j, mask=j < hi, other=-1)
+    valid = slot >= 0
+    safe = gl.where(valid, slot, 0).to(gl.int64)
+    offs = (safe // block_size) * block_stride + (safe % block_size) * row_stride
+    rows = cache_ptr + gl.multiple_of(offs, 16)
+    words = gl.expand_dims(rows.to(gl.pointer_type(gl.int32)), 1) + gl.expand_dims(
+        gl.arange(0, 32, layout=gl.SliceLayout(0, WORDS_LAYOUT)), 0
+    )
+    live = gl.expand_dims(valid, 1)
+    w0 = gl.load(words, mask=live, other=0)
+    w1 = gl.load(words + GROUP // 4, mask=live, other=0)
+    w2 = gl.load(words + 2 * GROUP // 4, mask=live, other=0)
+    w3 = gl.load(words + 3 * GROUP // 4, mask=live, other=0)
+    rope = gl.load(words + (NOPE + 16) // 4, mask=live, other=0)
+    scales = (rows + NOPE).to(gl.pointer_type(gl.float32))
+    s0 = gl.load(scales, mask=valid, other=0.0)
+    s1 = gl.load(scales + 1, mask=valid, other=0.0)
+    s2 = gl.load(scales + 2, mask=valid, other=0.0)
+    s3 = gl.load(scales + 3, mask=valid, other=0.0)
+    return w0, w1, w2, w3, s0, s1, s2, s3, rope
+
+
+@gluon.jit
+def _code_byte(words, i: gl.constexpr, scale):
+    """Byte i of each word, an e4m3 code, times its row's ``scale`` (fp32, bf16-rounded) as
+    fp8_ds_mla decodes it: the product rounded to bf16."""
+    code = ((words >> (8 * i)) & 0xFF).to(gl.uint8).to(gl.float8e4nv, bitcast=True)
+    return (code.to(gl.float32) * scale).to(gl.bfloat16)
+
+
+@gluon.jit
+def _decoded(words, scale):
+    """A group's codes ([64, 32] int32 words, four codes each, first code lowest) decoded:
+    [64, 128] bf16 in element order."""
+    rounded = gl.expand_dims(scale.to(gl.bfloat16).to(gl.float32), 1)
+    b0 = _code_byte(words, 0, rounded)
+    b1 = _code_byte(words, 1, rounded)
+    b2 = _code_byte(words, 2, rounded)
+    b3 = _code_byte(words, 3, rounded)
+    # [64, 32, a, o] = byte 2a + o of word (row, column): element 4 * column + 2a + o
+    return gl.reshape(gl.join(gl.join(b0, b2), gl.join(b1, b3)), [BLOCK_N, GROUP])
+
+
+@gluon.jit
+def _rope_values(words):
+    """The rope values ([64, 32] int32 words, two bf16 each, first lowest) as [64, 64] bf16."""
+    low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    return gl.reshape(gl.join(low, high), [BLOCK_N, ROPE])
+
+
+@gluon.jit
+def _store_tile(k_nope, k_rope, w0, w1, w2, w3, s0, s1, s2, s3, rope):
+    """A gathered tile, decoded, into a ring stage (k_nope [64, 512], k_rope [64, 64])."""
+    k_nope.slice(0, GROUP, dim=1).store(_decoded(w0, s0))
+    k_nope.slice(GROUP, GROUP, dim=1).store(_decoded(w1, s1))
+    k_nope.slice(2 * GROUP, GROUP, dim=1).store(_decoded(w2, s2))
+    k_nope.slice(3 * GROUP, GROUP, dim=1).store(_decoded(w3, s3))
+    k_rope.store(_rope_values(rope))
+
+
+@gluon.jit
+def _sparse_mla_decode_kernel(
+    q_ptr,  # [R, H, 576] bfloat16
+    cache_ptr,  # uint8 fp8_ds_mla rows, block stride and row stride below
+    slots_ptr,  # [R, k] int32, -1 invalid
+    lens_ptr,  # [R] int32 (unused without HAS_LENS)
+    sink_ptr,  # [H] float32 (unused without HAS_SINK)
+    part_out_ptr,  # [SPLITS, R, H, 512] float32, or the final [R, H, 512] output
+    part_lse_ptr,  # [SPLITS, R, H] float32, natural log
+    k,
+    H,
+    chunk,  # entries per split, a multiple of 64
+    block_size,
+    cache_block_stride,
+    cache_row_stride,
+    scale_log2,  # softmax_scale * log2(e)
+    HAS_LENS: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    STAGES: gl.constexpr,  # 2: the next tile decoded while this tile's QK runs; 1: after PV
+):
+    gl.static_assert(gl.num_warps() == 8, "two warpgroups")
+    gl.static_assert(STAGES == 1 or STAGES == 2, "one or two ring stages")
+    r = gl.program_id(0).to(gl.int64)
+    hb = gl.program_id(1)
+    split = gl.program_id(2)
+    R = gl.num_programs(0)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    entries_layout: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
+    out_rows_layout: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+
+    limit = k
+    if HAS_LENS:
+        limit = gl.minimum(gl.load(lens_ptr + r), k)
+    lo = split * chunk
+    hi = gl.minimum(lo + chunk, limit)
+    slot_row = slots_ptr + r * k
+
+    q_nope, q_rope = _queries(q_ptr, r, hb, H)
+    k_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, NOPE], BF16_OPERAND_SMEM)
+    k_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, ROPE], BF16_OPERAND_SMEM)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], BF16_OPERAND_SMEM)
+
+    c0, c1, c2, c3, s0, s1, s2, s3, rope = _gather(
+        cache_ptr, slot_row, lo, hi, block_size, cache_block_stride, cache_row_stride
+    )
+    _store_tile(k_nope.index(0), k_rope.index(0), c0, c1, c2, c3, s0, s1, s2, s3, rope)
+    c0, c1, c2, c3, s0, s1, s2, s3, rope = _gather(
+        cache_ptr, slot_row, lo + BLOCK_N, hi, block_size, cache_block_stride, cache_row_stride
+    )
+
+    m_i = gl.full([HEADS], float("-inf"), gl.float32, rows_layout)
+    l_i = gl.zeros([HEADS], gl.float32, rows_layout)
+    o = gl.zeros([HEADS, NOPE], gl.float32, O_LAYOUT)
+    for start in range(lo, hi, BLOCK_N):
+        stage = (start - lo) // BLOCK_N % STAGES
+        k_stage = k_nope.index(stage)
+        # Every thread's stores into this stage before the MMA's async-proxy reads, and (two
+        # stages) every warpgroup's PV product of the last tile done before the stores below
+        # overwrite the stage it read.
+        fence_async_shared()
+        _cta_barrier()
+        zero = gl.zeros([HEADS, BLOCK_N], gl.float32, S_LAYOUT)
+        pending = warpgroup_mma(q_nope, k_stage.permute((1, 0)), zero, use_acc=False, is_async=True)
+        pending = warpgroup_mma(q_rope, k_rope.index(stage).permute((1, 0)), pending, is_async=True)
+        if STAGES == 2:
+            other = 1 - stage
+            _store_tile(
+                k_nope.index(other), k_rope.index(other), c0, c1, c2, c3, s0, s1, s2, s3, rope
+            )
+            c0, c1, c2, c3, s0, s1, s2, s3, rope = _gather(
+                cache_ptr, slot_row, start + 2 * BLOCK_N, hi, block_size, cache_block_stride,
+                cache_row_stride,
+            )  # fmt: skip
+        scores = _mma_result(pending)
+
+        j = start + gl.arange(0, BLOCK_N, layout=entries_layout)
+        valid = gl.load(slot_row + j, mask=j < hi, other=-1) >= 0
+        scores = gl.where(gl.expand_dims(valid, 0), scores * scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(scores - gl.expand_dims(m_safe, 1))
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _cta_barrier()
+        o = o * gl.expand_dims(gl.convert_layout(alpha, out_rows_layout), 1)
+        o = warpgroup_mma(p_smem, k_stage, o)
+        if STAGES == 1:
+            _cta_barrier()  # every warpgroup's reads of the stage done
+            _store_tile(k_nope.index(0), k_rope.index(0), c0, c1, c2, c3, s0, s1, s2, s3, rope)
+            c0, c1, c2, c3, s0, s1, s2, s3, rope = _gather(
+                cache_ptr, slot_row, start + 2 * BLOCK_N, hi, block_size, cache_block_stride,
+                cache_row_stride,
+            )  # fmt: skip
+
+    heads = hb * HEADS + gl.arange(0, HEADS, layout=out_rows_layout)
+    h_mask = heads < H
+    l_o = gl.convert_layout(l_i, out_rows_layout)
+    m_o = gl.convert_layout(m_i, out_rows_layout)
+    empty = l_o == 0.0
+    inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_o))
+    lse = gl.where(empty, float("-inf"), (m_o + gl.log2(gl.where(empty, 1.0, l_o))) * LN2)
+    if HAS_SINK:
+        # Only when the kernel writes the final output (one split); else lse_combine does it.
+        sink = gl.load(sink_ptr + heads, mask=h_mask, other=0.0)
+        inv = inv * gl.where(empty, 0.0, 1.0 / (1.0 + gl.exp(sink - gl.where(empty, 0.0, lse))))
+    part = split * R + r
+    gl.store(part_lse_ptr + part * H + heads, lse, mask=h_mask)
+    cols = gl.arange(0, NOPE, layout=gl.SliceLayout(0, O_LAYOUT))
+    out_rows = part_out_ptr + gl.expand_dims((part * H + heads) * NOPE, 1)
+    out = o * gl.expand_dims(inv, 1)
+    gl.store(
+        out_rows + gl.expand_dims(cols, 0),
+        out.to(part_out_ptr.dtype.element_ty),
+        mask=gl.expand_dims(h_mask, 1),
+    )
+
+
+def shape_reasons(q: torch.Tensor, cache: torch.Tensor, fmt: str) -> list[str]:
+    """Why this kernel does not take a call (empty: it does), in words for the adapter."""
+    reasons = []
+    if fmt != "fp8_ds_mla":
+        reasons.append(f"it reads fp8_ds_mla rows, got {fmt!r}")
+    if q.dtype != torch.bfloat16 or q.dim() != 4 or q.shape[-1] != 576:
+        reasons.append(f"it takes bf16 queries [B, s, H, 576], got {q.dtype} {tuple(q.shape)}")
+    if cache.dim() != 3 or cache.shape[2] != ROW_BYTES:
+        reasons.append(f"it needs a [blocks, block_size, {ROW_BYTES}] cache")
+    elif cache.stride(2) != 1 or cache.stride(1) % 16 or cache.stride(0) % 16:
+        reasons.append("its rows must be contiguous and 16-byte aligned")
+    return reasons
+
+
+def default_splits(rows: int, head_blocks: int, k: int, multiprocessors: int) -> int:
+    """Parts of the top-k list a row's program is cut into: one program an SM at most, at
+    least 8 tiles a part (every part reloads its queries)."""
+    programs = max(rows * head_blocks, 1)
+    return max(1, min(triton.cdiv(k, 8 * 64), multiprocessors // programs))
+
+
+def decode(
+    q: torch.Tensor,  # [B, s, H, 576] bfloat16
+    cache: torch.Tensor,  # [num_blocks, block_size, 656] uint8, fp8_ds_mla rows
+    slots: torch.Tensor,  # [B, s, k] int32, -1 invalid
+    softmax_scale: float,
+    topk_length: torch.Tensor | None = None,  # [B, s] int32
+    attn_sink: torch.Tensor | None = None,  # [H] float32
+    splits: int | None = None,
+    stages: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, s, H, 512] bf16, lse [B, s, H] fp32
+    """``sparse_mla.decode`` over fp8_ds_mla rows (see :func:`shape_reasons`); ``splits``:
+    parts of the top-k list (default :func:`default_splits`), ``stages``: 2 or 1 ring stages."""
+    problems = shape_reasons(q, cache, "fp8_ds_mla")
+    if problems:
+        raise ValueError("sparse_mla.decode (gluon): " + "; ".join(problems))
+    B, S, H, _ = q.shape
+    rows = B * S
+    k = slots.shape[-1]
+    if slots.shape != (B, S, k) or k < 1:
+        raise ValueError(f"sparse_mla.decode (gluon): slots must be [B={B}, s={S}, k >= 1]")
+    if stages not in (1, 2):
+        raise ValueError(f"sparse_mla.decode (gluon): stages must be 1 or 2, got {stages}")
+    head_blocks = triton.cdiv(H, 64)
+    if splits is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        splits = default_splits(rows, head_blocks, k, sms)
+    chunk = triton.cdiv(triton.cdiv(k, splits), 64) * 64
+    splits = triton.cdiv(k, chunk)
+    direct = splits == 1  # one part: the kernel writes the final output, sink applied
+    part_out = torch.empty(
+        (splits, rows, H, 512), dtype=q.dtype if direct else torch.float32, device=q.device
+    )
+    part_lse = torch.empty((splits, rows, H), dtype=torch.float32, device=q.device)
+    if rows == 0:
+        return part_out[0].reshape(B, S, H, 512), part_lse[0].reshape(B, S, H)
+    lens = part_lse if topk_length is None else topk_length.reshape(rows).to(torch.int32)
+    _sparse_mla_decode_kernel[(rows, head_blocks, splits)](
+        q.reshape(rows, H, 576).contiguous(),
+        cache,
+        slots.reshape(rows, k).to(torch.int32).contiguous(),
+        lens.contiguous(),
+        attn_sink.float().contiguous() if attn_sink is not None else part_lse,
+        part_out,
+        part_lse,
+        k,
+        H,
+        chunk,
+        cache.shape[1],
+        cache.stride(0),
+        cache.stride(1),
+        float(softmax_scale) * _LOG2E,
+        HAS_LENS=topk_length is not None,
+        HAS_SINK=direct and attn_sink is not None,
+        STAGES=stages,
+        num_warps=8,
+    )
+    if direct:
+        out, lse = part_out[0], part_lse[0]
+    else:
+        out, lse = combine_parts(part_out, part_lse, attn_sink, q.dtype)
+    return out.reshape(B, S, H, 512), lse.reshape(B, S, H)
