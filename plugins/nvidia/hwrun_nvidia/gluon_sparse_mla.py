@@ -44,6 +44,8 @@ ROPE = gl.constexpr(64)
 GROUP = gl.constexpr(128)  # codes a scale
 LN2 = gl.constexpr(0.6931471805599453)
 _LOG2E = 1.4426950408889634
+# gl.multiple_of, as Triton 3.9 has it (the H200's 3.6 may not: its loads are then narrower)
+HAS_MULTIPLE_OF = gl.constexpr(hasattr(gl, "multiple_of"))
 
 # S [64 heads, 64 entries]: each warpgroup 32 entries; O [64 heads, 512]: each 256 columns.
 S_LAYOUT = gl.constexpr(
@@ -88,7 +90,10 @@ def _gather(cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride
     valid = slot >= 0
     safe = gl.where(valid, slot, 0).to(gl.int64)
     offs = (safe // block_size) * block_stride + (safe % block_size) * row_stride
-    rows = cache_ptr + gl.multiple_of(offs, 16)
+    if HAS_MULTIPLE_OF:  # noqa: SIM108 (constexpr branches as statements, as the jit reads them)
+        rows = cache_ptr + gl.multiple_of(offs, 16)
+    else:
+        rows = cache_ptr + offs
     words = gl.expand_dims(rows.to(gl.pointer_type(gl.int32)), 1) + gl.expand_dims(
         gl.arange(0, 32, layout=gl.SliceLayout(0, WORDS_LAYOUT)), 0
     )
