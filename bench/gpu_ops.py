@@ -243,6 +243,7 @@ def sparse_mla_rows(ceil, tune, log):
         for fmt in ("fp8_ds_mla", "bf16"):
             cache = latent_cache(fmt, tokens)
             nbytes = batch * k * cache.shape[2] + q.numel() * 2 * 2
+            floor = ceil.floor_us(nbytes, flops)
 
             def run(fmt=fmt, cache=cache, q=q, slots=slots, scale=scale, **cfg):
                 return sparse_mla.decode(q, cache, fmt, slots, scale, **cfg)
@@ -281,14 +282,13 @@ def sparse_mla_rows(ceil, tune, log):
                     f"B={batch} H={heads} topk={k} {fmt}",
                     "triton",
                     us,
-                    ceil.floor_us(nbytes, flops),
+                    floor,
                     peers,
                     f"cfg {cfg}" if cfg else "",
                 )
             )
             if fmt == "fp8_ds_mla" and HAS_GLUON:
                 triton_out = run(**cfg)
-                floor = ceil.floor_us(nbytes, flops)
                 args = (q, cache, slots, scale, batch, heads, k, tune, triton_out, floor)
                 rows.append(gluon_mla_row(*args, peers, log))
             del cache

@@ -27,6 +27,8 @@ Written and built for sm_90 in CI (plugins/nvidia/tests/test_gluon.py); not yet 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -34,16 +36,17 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from hwrun.kernels.triton.lse_combine import combine_parts
+from hwrun.kernels.triton.sparse_mla import LATENT_ROW_BYTES
 from hwrun_nvidia.gluon_paged_logits import _cta_barrier, _mma_result
 
-ROW_BYTES = 656  # fp8_ds_mla: 512 e4m3 codes, 4 fp32 scales, 64 bf16 rope values
+ROW_BYTES = LATENT_ROW_BYTES["fp8_ds_mla"]  # 512 e4m3 codes, 4 fp32 scales, 64 bf16 rope
 BLOCK_N = gl.constexpr(64)  # top-k entries a tile
 HEADS = gl.constexpr(64)  # heads a program: the MMA's 64 rows
 NOPE = gl.constexpr(512)
 ROPE = gl.constexpr(64)
 GROUP = gl.constexpr(128)  # codes a scale
 LN2 = gl.constexpr(0.6931471805599453)
-_LOG2E = 1.4426950408889634
+_LOG2E = math.log2(math.e)
 # gl.multiple_of, as Triton 3.9 has it (the H200's 3.6 may not: its loads are then narrower)
 HAS_MULTIPLE_OF = gl.constexpr(hasattr(gl, "multiple_of"))
 
@@ -192,11 +195,11 @@ def _sparse_mla_decode_kernel(
     k_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, ROPE], BF16_OPERAND_SMEM)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], BF16_OPERAND_SMEM)
 
-    c0, c1, c2, c3, s0, s1, s2, s3, rope = _gather(
+    w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
         cache_ptr, slot_row, lo, hi, block_size, cache_block_stride, cache_row_stride
     )
-    _store_tile(k_nope.index(0), k_rope.index(0), c0, c1, c2, c3, s0, s1, s2, s3, rope)
-    c0, c1, c2, c3, s0, s1, s2, s3, rope = _gather(
+    _store_tile(k_nope.index(0), k_rope.index(0), w0, w1, w2, w3, s0, s1, s2, s3, rope)
+    w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
         cache_ptr, slot_row, lo + BLOCK_N, hi, block_size, cache_block_stride, cache_row_stride
     )
 
@@ -217,9 +220,9 @@ def _sparse_mla_decode_kernel(
         if STAGES == 2:
             other = 1 - stage
             _store_tile(
-                k_nope.index(other), k_rope.index(other), c0, c1, c2, c3, s0, s1, s2, s3, rope
+                k_nope.index(other), k_rope.index(other), w0, w1, w2, w3, s0, s1, s2, s3, rope
             )
-            c0, c1, c2, c3, s0, s1, s2, s3, rope = _gather(
+            w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
                 cache_ptr, slot_row, start + 2 * BLOCK_N, hi, block_size, cache_block_stride,
                 cache_row_stride,
             )  # fmt: skip
@@ -241,8 +244,8 @@ def _sparse_mla_decode_kernel(
         o = warpgroup_mma(p_smem, k_stage, o)
         if STAGES == 1:
             _cta_barrier()  # every warpgroup's reads of the stage done
-            _store_tile(k_nope.index(0), k_rope.index(0), c0, c1, c2, c3, s0, s1, s2, s3, rope)
-            c0, c1, c2, c3, s0, s1, s2, s3, rope = _gather(
+            _store_tile(k_nope.index(0), k_rope.index(0), w0, w1, w2, w3, s0, s1, s2, s3, rope)
+            w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
                 cache_ptr, slot_row, start + 2 * BLOCK_N, hi, block_size, cache_block_stride,
                 cache_row_stride,
             )  # fmt: skip
