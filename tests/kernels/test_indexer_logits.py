@@ -174,7 +174,7 @@ def test_ragged_spans_keep_four_programs_a_multiprocessor():
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 @pytest.mark.parametrize("q_dtype", [torch.float8_e4m3fn, torch.bfloat16])
 @pytest.mark.parametrize("tiles", [1, 3, 8, None])
-def test_logits_ragged_reads_only_keys_some_row_scores(fmt, q_dtype, tiles):
+def test_logits_ragged_keeps_keys_no_row_scores_out(fmt, q_dtype, tiles):
     """Keys against a program's rows in one product: rows with windows that cut a tile at
     different columns (each row's columns outside its window are computed for its neighbours
     and must read -inf), an empty row, a partial last row group, and 0xFF bytes (NaN fp8 keys,

@@ -111,9 +111,9 @@ def _score_tiles(
 ):
     """Key tiles first..last-1 against the program's rows, their queries and weights loaded once
     (a program per tile reloaded 32 KB of queries for every 8 KB tile of fp8 keys). Columns
-    outside a row's window but inside another's are computed for it and set to -inf (by
-    selection: a NaN key must not reach a row that does not read it); keys outside every row's
-    window are never read."""
+    outside a row's window are computed for it and set to -inf (by selection: a NaN key must
+    not reach a row that does not read it), keys inside the tiles but in no row's window
+    included; keys outside those tiles (the hull of the rows' windows) are never read."""
     col = tl.arange(0, ROWS * HP)
     row_of, head = col // HP, col % HP
     row = tl.program_id(1) * ROWS + row_of
