@@ -380,10 +380,156 @@ def test_sparse_mla_cubin_keeps_the_design(stages, tmp_path):
     assert "F2FP.F16.E4M3.UNPACK_B" in out  # the codes by the conversion instruction
 
 
+RAGGED_SPEC = OpSpec(
+    op="indexer.logits_ragged",
+    dtype="float8_e4m3fn",
+    formats=("fp8",),
+    num_heads=64,
+    head_dim=128,
+    device_type="cuda",
+    arch="sm_90",
+)
+
+
+def test_ragged_refusals_name_what_the_kernel_needs(monkeypatch):
+    monkeypatch.setenv("HWRUN_GLUON", "1")
+    assert [r for r in gluon._ragged_validate(RAGGED_SPEC) if "CUDA device" not in r] == []
+    cases = {
+        "HWRUN_GLUON is off": RAGGED_SPEC,
+        "index-key format": OpSpec(**{**RAGGED_SPEC.__dict__, "formats": ("mxfp4",)}),
+        "query dtype": OpSpec(**{**RAGGED_SPEC.__dict__, "dtype": "bfloat16"}),
+        "head_dim 128": OpSpec(**{**RAGGED_SPEC.__dict__, "head_dim": 64}),
+    }
+    for needle, spec in cases.items():
+        if needle == "HWRUN_GLUON is off":
+            monkeypatch.delenv("HWRUN_GLUON")
+        assert any(needle in r for r in gluon._ragged_validate(spec)), needle
+        monkeypatch.setenv("HWRUN_GLUON", "1")
+
+
+def test_ragged_chosen_under_deepgemm_and_only_when_on(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(device_checks, "_cuda_available", lambda: True)
+    monkeypatch.setattr("hwrun_nvidia.deepgemm.importable", lambda name: False)
+    registry = OpRegistry("nvidia")
+    plugin.hwrun_register_ops(registry)
+    monkeypatch.setenv("HWRUN_GLUON", "1")
+    assert registry.select(RAGGED_SPEC).impl.name == "gluon"
+    mxfp4_keys = OpSpec(**{**RAGGED_SPEC.__dict__, "formats": ("mxfp4",)})
+    assert registry.select(mxfp4_keys).impl.name == "triton"  # it reads fp8 keys only
+    monkeypatch.setattr("hwrun_nvidia.deepgemm.importable", lambda name: True)
+    with_deepgemm = OpRegistry("nvidia")
+    plugin.hwrun_register_ops(with_deepgemm)
+    assert with_deepgemm.select(RAGGED_SPEC).impl.name == "deepgemm"  # DeepGEMM keeps fp8 keys
+    monkeypatch.setenv("HWRUN_GLUON", "0")
+    assert registry.select(RAGGED_SPEC).impl.name == "triton"
+
+
+def test_ragged_shape_reasons_send_other_calls_to_triton(monkeypatch):
+    pytest.importorskip("triton.experimental.gluon")
+    from hwrun_nvidia import gluon_ragged_logits as kernel
+
+    q = torch.zeros(4, 64, 128, dtype=torch.float8_e4m3fn)
+    w = torch.zeros(4, 64)
+    elements = torch.zeros(100, 128, dtype=torch.uint8)
+    scales = torch.zeros(100, 4, dtype=torch.uint8)
+    assert kernel.shape_reasons(q, w, elements, scales, "fp8") == []
+    assert kernel.rows_a_program(64) == 4 and kernel.rows_a_program(128) == 2
+    assert kernel.rows_a_program(10) == 16
+    refusals = {
+        "fp8 index keys": (q, w, elements[:, :68], scales, "mxfp4"),
+        "fp8 queries": (q.to(torch.bfloat16), w, elements, scales, "fp8"),
+        "H <= 128": (q.repeat(1, 4, 1), w, elements, scales, "fp8"),
+        "16-byte aligned": (q, w, elements.as_strided((99, 128), (128, 1), 8), scales, "fp8"),
+        "fp32 scales": (q, w, elements, scales[:, :2], "fp8"),
+    }
+    for needle, args in refusals.items():
+        assert any(needle in r for r in kernel.shape_reasons(*args)), needle
+    calls = []
+    monkeypatch.setattr(
+        "hwrun.kernels.triton.indexer_logits_ragged.logits_ragged",
+        lambda *args: calls.append(args) or "triton",
+    )
+    ks = ke = torch.zeros(4, dtype=torch.int32)
+    assert gluon.logits_ragged(q.to(torch.bfloat16), w, elements, scales, "fp8", ks, ke) == "triton"
+    assert len(calls) == 1
+
+
+def _build_ragged(heads: int) -> str:
+    """In the child: the ragged logits kernel's sm_90 cubin for ``heads`` query heads, as its
+    shared-memory size, then cuobjdump's resource usage and SASS."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from hwrun_nvidia import gluon_ragged_logits as kernel
+
+    pointers = ("*fp8e4nv", "*fp32", "*u8", "*u8", "*i32", "*i32", "*fp32")
+    names = ("q_ptr", "w_ptr", "elem_ptr", "scale_ptr", "ks_ptr", "ke_ptr", "out_ptr")
+    signature = dict(zip(names, pointers, strict=True))
+    ints = ("M", "N", "elem_stride", "scale_stride", "tiles")
+    signature |= dict.fromkeys(ints, "i32")
+    signature |= dict.fromkeys(("H", "HP", "ROWS", "STAGES"), "constexpr")
+    padded = max(16, triton.next_power_of_2(heads))
+    constexprs = {"H": heads, "HP": padded, "ROWS": 256 // padded, "STAGES": kernel.STAGES}
+    # As a launch specialises them: 16-byte aligned pointers and a key stride of 16 B units.
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 9)}
+    source = GluonASTSource(kernel._ragged_fp8_kernel, signature, constexprs, attrs)
+    compiled = triton.compile(source, GPUTarget("cuda", 90, 32), {"num_warps": 8})
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    path = os.path.join(os.environ["OUT_DIR"], f"ragged{heads}.cubin")
+    with open(path, "wb") as f:
+        f.write(compiled.asm["cubin"])
+    usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True)
+    sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True)
+    return f"SHARED_BYTES:{compiled.metadata.shared}\n" + usage.stdout + sass.stdout
+
+
+def _sass_ops(sass: str) -> list[str]:
+    """The SASS instructions in address order, each as its opcode and operands."""
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)
+    return [re.sub(r"^@!?U?P\w+\s+", "", op) for op in ops]  # predicates dropped
+
+
+@pytest.mark.parametrize("heads", [64, 128])
+def test_ragged_cubin_keeps_the_design(heads, tmp_path):
+    """No spills; the keys by cp.async 16 bytes at a time; each tile one 64 x 128 fp8 MMA a
+    warpgroup (4 steps of K=32), in two accumulators that take turns; and between a product's
+    issue and its wait, stores of the previous tile's logits (the overlap the kernel is for)."""
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["OUT_DIR"] = str(tmp_path)
+    child = subprocess.run(
+        [sys.executable, __file__, "ragged", str(heads)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    out = child.stdout
+    assert int(re.search(r"SHARED_BYTES:(\d+)", out).group(1)) <= 232448
+    assert int(re.search(r"STACK:(\d+)", out).group(1)) == 0
+    assert "LDGSTS.E.BYPASS.128" in out
+    ops = _sass_ops(out)
+    mma = [i for i, op in enumerate(ops) if op.startswith("QGMMA.64x128x32.F32.E4M3.E4M3")]
+    accumulators = {ops[i].split()[1].rstrip(",") for i in mma}
+    assert len(accumulators) == 2, accumulators  # even and odd tiles' products
+    waits = [i for i, op in enumerate(ops) if op.startswith("WARPGROUP.DEPBAR")]
+    overlapped = 0
+    for first in range(0, len(mma), 4):
+        issued = mma[first]
+        wait = min(i for i in waits if i > mma[first + 3])
+        overlapped += any(op.startswith("STG.E") for op in ops[issued:wait])
+    assert overlapped >= 2, "no product runs beside the previous tile's stores"
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "layouts":
         print(_layouts())
     elif sys.argv[1] == "sparse_mla":
         print(_build_sparse_mla(int(sys.argv[2])))
+    elif sys.argv[1] == "ragged":
+        print(_build_ragged(int(sys.argv[2])))
     else:
         print(_build(sys.argv[1], int(sys.argv[2])))
