@@ -1,13 +1,23 @@
 """Inputs and comparisons shared by the GPU tests of the Triton kernels (tests/kernels) and of
 the vendor adapters (plugins/nvidia/tests): paged index-key caches, latent caches with -1
-padding, empty rows and sinks, and the metrics both judge by."""
+padding, empty rows and sinks, the metrics both judge by, and the mark of tests that need
+Hopper's warpgroup MMA (the Gluon kernels')."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from hwrun import knobs
 from hwrun.formats.index_keys import get_index_key_format
 from hwrun.formats.latent import get_latent_format
+
+needs_sm90 = pytest.mark.skipif(
+    not torch.cuda.is_available()
+    or knobs.triton_interpret()
+    or torch.cuda.get_device_capability()[0] != 9,
+    reason="needs an sm_90 GPU (the warpgroup MMA)",
+)
 
 
 def relative_error(got, want):

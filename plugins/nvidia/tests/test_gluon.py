@@ -157,11 +157,39 @@ def test_int32_codes_are_read_as_fp8_in_place():
         assert (row, column) == (word_row, 4 * word_column + byte % 4), byte
 
 
+def _cubin_report(source, options: dict, name: str) -> str:
+    """In the child: ``source`` compiled for sm_90 into OUT_DIR, as its shared-memory size,
+    then cuobjdump's resource usage and SASS."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    compiled = triton.compile(source, GPUTarget("cuda", 90, 32), options)
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    path = os.path.join(os.environ["OUT_DIR"], f"{name}.cubin")
+    with open(path, "wb") as f:
+        f.write(compiled.asm["cubin"])
+    usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True)
+    sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True)
+    return f"SHARED_BYTES:{compiled.metadata.shared}\n" + usage.stdout + sass.stdout
+
+
+def _child_build(tmp_path, *args: str, env: dict | None = None) -> str:
+    """This file run as a child with ``args`` (the builder and its arguments), outside
+    Triton's interpreter, its cubin written under ``tmp_path``: the child's output."""
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in (env or os.environ).items() if k != "TRITON_INTERPRET"}
+    env["OUT_DIR"] = str(tmp_path)
+    child = subprocess.run(
+        [sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    return child.stdout
+
+
 def _build(fmt: str, heads: int) -> str:
     """In the child: the ``fmt`` keys' kernel's sm_90 cubin for ``heads`` query heads, as
     cuobjdump's resource usage and SASS."""
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from hwrun_nvidia import gluon_paged_logits as kernel
@@ -179,14 +207,7 @@ def _build(fmt: str, heads: int) -> str:
     options = {"num_warps": 4}
     if os.environ.get("MAXNREG"):
         options["maxnreg"] = int(os.environ["MAXNREG"])
-    compiled = triton.compile(source, GPUTarget("cuda", 90, 32), options)
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-    path = os.path.join(os.environ["OUT_DIR"], f"{fmt}{heads}.cubin")
-    with open(path, "wb") as f:
-        f.write(compiled.asm["cubin"])
-    usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True)
-    sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True)
-    return usage.stdout + sass.stdout
+    return _cubin_report(source, options, f"{fmt}{heads}")
 
 
 @pytest.mark.parametrize(
@@ -204,9 +225,7 @@ def _build(fmt: str, heads: int) -> str:
     ],
 )
 def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
-    pytest.importorskip("triton.experimental.gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["OUT_DIR"] = str(tmp_path)
+    env = dict(os.environ)
     overlap = form == "overlap"
     env["OVERLAP"] = str(int(overlap))
     parts = form.split(",")
@@ -224,15 +243,7 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
         **dict.fromkeys(("H", "HP", "STAGES", "MXFP4", "OVERLAP", "PAIRS"), "constexpr"),
     }
     env["SIGNATURE"] = json.dumps({**leading, **own})
-    child = subprocess.run(
-        [sys.executable, __file__, fmt, str(heads)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    out = child.stdout
+    out = _child_build(tmp_path, fmt, str(heads), env=env)
     regs = int(re.search(r"REG:(\d+)", out).group(1))
     spilled = int(re.search(r"STACK:(\d+)", out).group(1))
     assert "LOCAL:0" in out, out[:400]
@@ -329,8 +340,6 @@ def test_sparse_mla_falls_back_to_triton_for_other_calls(monkeypatch):
 def _build_sparse_mla(stages: int) -> str:
     """In the child: the sparse MLA kernel's sm_90 cubin, as its shared-memory size, then
     cuobjdump's resource usage and SASS."""
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from hwrun_nvidia import gluon_sparse_mla as kernel
@@ -345,30 +354,12 @@ def _build_sparse_mla(stages: int) -> str:
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 11, 12)}
     constexprs = {"HAS_LENS": True, "HAS_SINK": True, "STAGES": stages}
     source = GluonASTSource(kernel._sparse_mla_decode_kernel, signature, constexprs, attrs)
-    compiled = triton.compile(source, GPUTarget("cuda", 90, 32), {"num_warps": 8})
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-    path = os.path.join(os.environ["OUT_DIR"], f"sparse_mla{stages}.cubin")
-    with open(path, "wb") as f:
-        f.write(compiled.asm["cubin"])
-    usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True)
-    sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True)
-    return f"SHARED_BYTES:{compiled.metadata.shared}\n" + usage.stdout + sass.stdout
+    return _cubin_report(source, {"num_warps": 8}, f"sparse_mla{stages}")
 
 
 @pytest.mark.parametrize("stages", [2, 1])
 def test_sparse_mla_cubin_keeps_the_design(stages, tmp_path):
-    pytest.importorskip("triton.experimental.gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["OUT_DIR"] = str(tmp_path)
-    child = subprocess.run(
-        [sys.executable, __file__, "sparse_mla", str(stages)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    out = child.stdout
+    out = _child_build(tmp_path, "sparse_mla", str(stages))
     shared = int(re.search(r"SHARED_BYTES:(\d+)", out).group(1))
     assert shared <= 232448, shared  # sm_90's most a block may hold (227 KiB)
     spilled = int(re.search(r"STACK:(\d+)", out).group(1))
@@ -459,7 +450,6 @@ def _build_ragged(heads: int) -> str:
     """In the child: the ragged logits kernel's sm_90 cubin for ``heads`` query heads, as its
     shared-memory size, then cuobjdump's resource usage and SASS."""
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from hwrun_nvidia import gluon_ragged_logits as kernel
@@ -475,14 +465,7 @@ def _build_ragged(heads: int) -> str:
     # As a launch specialises them: 16-byte aligned pointers and a key stride of 16 B units.
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 9)}
     source = GluonASTSource(kernel._ragged_fp8_kernel, signature, constexprs, attrs)
-    compiled = triton.compile(source, GPUTarget("cuda", 90, 32), {"num_warps": 8})
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-    path = os.path.join(os.environ["OUT_DIR"], f"ragged{heads}.cubin")
-    with open(path, "wb") as f:
-        f.write(compiled.asm["cubin"])
-    usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True)
-    sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True)
-    return f"SHARED_BYTES:{compiled.metadata.shared}\n" + usage.stdout + sass.stdout
+    return _cubin_report(source, {"num_warps": 8}, f"ragged{heads}")
 
 
 def _sass_ops(sass: str) -> list[str]:
@@ -496,18 +479,7 @@ def test_ragged_cubin_keeps_the_design(heads, tmp_path):
     """No spills; the keys by cp.async 16 bytes at a time; each tile one 64 x 128 fp8 MMA a
     warpgroup (4 steps of K=32), in two accumulators that take turns; and between a product's
     issue and its wait, stores of the previous tile's logits (the overlap the kernel is for)."""
-    pytest.importorskip("triton.experimental.gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["OUT_DIR"] = str(tmp_path)
-    child = subprocess.run(
-        [sys.executable, __file__, "ragged", str(heads)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    out = child.stdout
+    out = _child_build(tmp_path, "ragged", str(heads))
     assert int(re.search(r"SHARED_BYTES:(\d+)", out).group(1)) <= 232448
     assert int(re.search(r"STACK:(\d+)", out).group(1)) == 0
     assert "LDGSTS.E.BYPASS.128" in out

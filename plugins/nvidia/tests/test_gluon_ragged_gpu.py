@@ -14,17 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hwrun import knobs
 from hwrun.formats.index_keys import get_index_key_format
 from hwrun.ops import indexer as ref_indexer
-from tests.kernels.gpu_inputs import relative_error
+from tests.kernels.gpu_inputs import needs_sm90, relative_error
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available()
-    or knobs.triton_interpret()
-    or torch.cuda.get_device_capability()[0] != 9,
-    reason="needs an sm_90 GPU (the warpgroup MMA)",
-)
+pytestmark = needs_sm90
 
 
 def _kernel():

@@ -13,17 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hwrun import knobs
 from hwrun.formats.latent import get_latent_format
 from hwrun.ops import sparse_mla as ref_mla
-from tests.kernels.gpu_inputs import check_mla, mla_inputs
+from tests.kernels.gpu_inputs import check_mla, mla_inputs, needs_sm90
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available()
-    or knobs.triton_interpret()
-    or torch.cuda.get_device_capability()[0] != 9,
-    reason="needs an sm_90 GPU (the warpgroup MMA)",
-)
+pytestmark = needs_sm90
 FMT = "fp8_ds_mla"
 
 
