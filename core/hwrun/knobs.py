@@ -56,9 +56,8 @@ KNOBS: dict[str, str] = {
     "HWRUN_GLUON": "1 (also true, yes, on): on NVIDIA Hopper (sm_90), the NVIDIA plugin's "
     "Gluon kernels serve the ops they cover, above the Triton tier and under DeepGEMM (today "
     "indexer.logits_paged with fp8 queries over mxfp4 index keys, and fp8 ones, checked against "
-    "the reference on H200s; indexer.logits_ragged over fp8 keys, and sparse_mla.decode over "
-    "fp8_ds_mla rows under FlashMLA, neither yet run on a GPU). 0 or unset (default): off. Any "
-    "other value is refused.",
+    "the reference on H200s; sparse_mla.decode over fp8_ds_mla rows under FlashMLA, tested on "
+    "an H100). 0 or unset (default): off. Any other value is refused.",
     "TRITON_INTERPRET": "Triton's own switch (1/true/on, as Triton reads it): Triton kernels run "
     "in Triton's CPU interpreter. The plugins' portable Triton tier then accepts CPU tensors "
     "(slow: for CI and debugging; vendor-library adapters still need their device). Triton reads "

@@ -1,9 +1,10 @@
 """The NVIDIA plugin's Gluon kernels (Hopper, sm_90), behind ``HWRUN_GLUON`` (off by default;
 tested on an H200): ``indexer.logits_paged`` over mxfp4 and fp8 index keys
 (:mod:`hwrun_nvidia.gluon_paged_logits`), a call they do not cover (more than one query row a
-request, other queries) going to the Triton kernel; ``indexer.logits_ragged`` over fp8 keys
-(:mod:`hwrun_nvidia.gluon_ragged_logits`, not yet run on a GPU); and ``sparse_mla.decode`` over
-fp8_ds_mla rows (:mod:`hwrun_nvidia.gluon_sparse_mla`, not yet run on a GPU). Priority 15: above the
+request, other queries) going to the Triton kernel; and ``sparse_mla.decode`` over fp8_ds_mla
+rows (:mod:`hwrun_nvidia.gluon_sparse_mla`; tested and conformant on an H100, 1.67x FlashMLA's
+time). :mod:`hwrun_nvidia.gluon_ragged_logits` (ragged logits over fp8 keys) is not registered:
+on an H100 it took 1.20x DeepGEMM's time where the Triton kernel takes 1.05x. Priority 15: above the
 Triton tier, under DeepGEMM and FlashMLA, which keep what they serve where they are installed
 (DeepGEMM reads no mxfp4).
 
@@ -63,33 +64,6 @@ def logits_paged(
     )
 
 
-def _ragged_validate(spec: OpSpec) -> list[str]:
-    reasons = _gluon_reasons(spec)
-    reasons += format_reasons(spec, ("fp8",), "index-key")
-    reasons += dtype_reasons(spec, ("float8_e4m3fn",), "query")
-    if spec.head_dim not in (None, 128):
-        reasons.append(f"it needs head_dim 128, got {spec.head_dim}")
-    return reasons
-
-
-def logits_ragged(
-    q: torch.Tensor,  # [M, H, 128] float8_e4m3fn
-    weights: torch.Tensor,  # [M, H] float32
-    key_elements: torch.Tensor,  # [N, 128] uint8
-    key_scales: torch.Tensor,  # [N, 4] uint8
-    fmt: str,
-    ks: torch.Tensor,  # [M] int32
-    ke: torch.Tensor,  # [M] int32
-) -> torch.Tensor:  # [M, N] float32, -inf outside [ks, ke)
-    from hwrun_nvidia import gluon_ragged_logits
-
-    if gluon_ragged_logits.shape_reasons(q, weights, key_elements, key_scales, fmt):
-        from hwrun.kernels.triton.indexer_logits_ragged import logits_ragged as triton_ragged
-
-        return triton_ragged(q, weights, key_elements, key_scales, fmt, ks, ke)
-    return gluon_ragged_logits.logits_ragged(q, weights, key_elements, key_scales, ks, ke)
-
-
 def _sparse_mla_validate(spec: OpSpec) -> list[str]:
     reasons = _gluon_reasons(spec)
     reasons += format_reasons(spec, ("fp8_ds_mla",), "latent")
@@ -131,19 +105,6 @@ def register(registry: OpRegistry) -> None:
             validate=_validate,
             priority=15,
             description="Gluon (sm_90) paged logits, mxfp4 or fp8 keys: one K=128 fp8 MMA a page",
-        )
-    )
-    registry.register(
-        OpImpl(
-            op="indexer.logits_ragged",
-            name="gluon",
-            platform=registry.platform,
-            fn=logits_ragged,
-            graph_safe=True,  # no host reads, allocations by shape only
-            validate=_ragged_validate,
-            priority=15,
-            description="Gluon (sm_90) ragged logits over fp8 keys: each tile's MMA async "
-            "beside the previous tile's head sums",
         )
     )
     registry.register(
