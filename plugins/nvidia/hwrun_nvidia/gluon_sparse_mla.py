@@ -22,7 +22,14 @@ MMA reads, and both products read it there:
 With more splits than one, the parts are merged by lse_combine, as the Triton kernel's are.
 Numerics are the Triton kernel's: the same decode, P rounded to bf16, fp32 accumulators.
 
-Written and built for sm_90 in CI (plugins/nvidia/tests/test_gluon.py); not yet run on a GPU.
+Built for sm_90 in CI (plugins/nvidia/tests/test_gluon.py). On an H100 (2026-12-06) its GPU
+tests (plugins/nvidia/tests/test_gluon_sparse_mla_gpu.py, 17) passed and `hwrun conformance
+--ops sparse_mla.decode` with HWRUN_GLUON=1 and no FlashMLA was conformant (51 run, 51 passed).
+Time at B=64, 128 heads, top-2048 of 262,144 tokens: 157.0 us against FlashMLA's 94.3 (1.67x;
+Triton 206.1, 2.19x); at B=1 40.0 us against 16.9 (2.36x; Triton 32.1). ncu at B=64: one
+program a multiprocessor (255 registers, 230 KB of shared memory: 2 warps a scheduler), issue
+slots 28% busy, the tensor pipe 23%, 6.6 cycles a warp between instructions: latency-bound,
+each warpgroup's gather, decode, products and softmax run one after another.
 """
 
 from __future__ import annotations
