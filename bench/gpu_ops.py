@@ -445,32 +445,7 @@ def ragged_rows(ceil, tune, log):
         shape = f"M={m} N={n} H={heads} {fmt}"
         notes = f"cfg {cfg}" if cfg else ""
         rows.append(Row("indexer.logits_ragged", shape, "triton", us, floor, peers, notes))
-        if fmt == "fp8" and HAS_GLUON:
-            args = (q, w, elements, scales, ks, ke, run(**cfg), shape, floor, peers, tune, log)
-            rows.append(gluon_ragged_row(*args))
     return rows
-
-
-def gluon_ragged_row(q, w, elements, scales, ks, ke, triton_out, shape, floor, peers, tune, log):
-    """The Gluon kernel (hwrun_nvidia.gluon_ragged_logits) on the same inputs, its relative
-    error against the Triton kernel's output in the notes."""
-    from hwrun_nvidia import gluon_ragged_logits
-
-    def run(**cfg):
-        return gluon_ragged_logits.logits_ragged(q, w, elements, scales, ks, ke, **cfg)
-
-    cfg = {}
-    if tune:
-        grid = [{"stages": st, "tiles": t} for st in (2, 3, 4, 6) for t in (8, 32, 128)]
-        cfg = _tune("gluon logits_ragged fp8", run, grid, log)
-    out = run(**cfg)
-    finite = torch.isfinite(triton_out)
-    same_inf = torch.equal(torch.isfinite(out), finite)
-    err = ((out[finite] - triton_out[finite]).norm() / triton_out[finite].norm()).item()
-    notes = f"vs triton: rel err {err:.1e}, -inf {'same' if same_inf else 'DIFFER'}"
-    us = bench(lambda: run(**cfg))
-    return Row("indexer.logits_ragged", shape, "gluon", us, floor, peers,
-               notes + (f"; cfg {cfg}" if cfg else ""))  # fmt: skip
 
 
 def main() -> None:

@@ -1,10 +1,10 @@
 """One indexer.logits_ragged launch of fp8 keys at bench/gpu_ops.py's shape, for a profiler.
 
 ``ncu --clock-control none -k regex:'ragged|mqa' python bench/profile_logits_ragged.py
-[--impl triton|gluon|deepgemm] [key=value ...]``: M=4096 queries of a causal prefill chunk against
+[--impl triton|deepgemm] [key=value ...]``: M=4096 queries of a causal prefill chunk against
 N=16384 keys, H=64; each launch runs twice (the first compiles it), so profile the last
 (``--launch-skip 1``). ``key=value`` pairs go to the Triton kernel as launch options
-(``num_warps=8 tiles=32``; Gluon: ``stages=3 tiles=128``).
+(``num_warps=8 tiles=32``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hwrun.formats.index_keys import get_index_key_format
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--impl", choices=("triton", "gluon", "deepgemm"), default="triton")
+    parser.add_argument("--impl", choices=("triton", "deepgemm"), default="triton")
     parser.add_argument("options", nargs="*", help="Triton launch options as key=value")
     args = parser.parse_args()
     options = {key: int(value) for key, value in (o.split("=", 1) for o in args.options)}
@@ -33,10 +33,6 @@ def main() -> None:
 
         keys = (elements.view(torch.float8_e4m3fn), scales.view(torch.float32).reshape(n))
         run = lambda: deep_gemm.fp8_mqa_logits(q, keys, w, ks, ke)  # noqa: E731
-    elif args.impl == "gluon":
-        from hwrun_nvidia.gluon_ragged_logits import logits_ragged as gluon_ragged
-
-        run = lambda: gluon_ragged(q, w, elements, scales, ks, ke, **options)  # noqa: E731
     else:
         from hwrun.kernels.triton.indexer_logits_ragged import logits_ragged
 

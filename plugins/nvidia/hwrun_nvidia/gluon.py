@@ -3,10 +3,10 @@ tested on an H200): ``indexer.logits_paged`` over mxfp4 and fp8 index keys
 (:mod:`hwrun_nvidia.gluon_paged_logits`), a call they do not cover (more than one query row a
 request, other queries) going to the Triton kernel; and ``sparse_mla.decode`` over fp8_ds_mla
 rows (:mod:`hwrun_nvidia.gluon_sparse_mla`; tested and conformant on an H100, 1.67x FlashMLA's
-time). :mod:`hwrun_nvidia.gluon_ragged_logits` (ragged logits over fp8 keys) is not registered:
-on an H100 it took 1.20x DeepGEMM's time where the Triton kernel takes 1.05x. Priority 15: above the
-Triton tier, under DeepGEMM and FlashMLA, which keep what they serve where they are installed
-(DeepGEMM reads no mxfp4).
+time). A Gluon ragged-logits kernel over fp8 keys was tried (73c15ba) and removed: on an H100
+it took 1.20x DeepGEMM's time where the Triton kernel takes 1.05x (docs/benchmarks.md).
+Priority 15: above the Triton tier, under DeepGEMM and FlashMLA, which keep what they serve where
+they are installed (DeepGEMM reads no mxfp4).
 
 Gluon ships with Triton (3.6 on the H200); its kernels are imported at the first call. They
 use the warpgroup MMA, which only sm_90 has (Blackwell's tensor cores take other instructions).

@@ -371,84 +371,10 @@ def test_sparse_mla_cubin_keeps_the_design(stages, tmp_path):
     assert "F2FP.F16.E4M3.UNPACK_B" in out  # the codes by the conversion instruction
 
 
-def test_ragged_shape_reasons():
-    pytest.importorskip("triton.experimental.gluon")
-    from hwrun_nvidia import gluon_ragged_logits as kernel
-
-    q = torch.zeros(4, 64, 128, dtype=torch.float8_e4m3fn)
-    w = torch.zeros(4, 64)
-    elements = torch.zeros(100, 128, dtype=torch.uint8)
-    scales = torch.zeros(100, 4, dtype=torch.uint8)
-    assert kernel.shape_reasons(q, w, elements, scales, "fp8") == []
-    assert kernel.rows_a_program(64) == 4 and kernel.rows_a_program(128) == 2
-    assert kernel.rows_a_program(10) == 16
-    refusals = {
-        "fp8 index keys": (q, w, elements[:, :68], scales, "mxfp4"),
-        "fp8 queries": (q.to(torch.bfloat16), w, elements, scales, "fp8"),
-        "H <= 128": (q.repeat(1, 4, 1), w, elements, scales, "fp8"),
-        "16-byte aligned": (q, w, elements.as_strided((99, 128), (128, 1), 8), scales, "fp8"),
-        "fp32 scales": (q, w, elements, scales[:, :2], "fp8"),
-    }
-    for needle, args in refusals.items():
-        assert any(needle in r for r in kernel.shape_reasons(*args)), needle
-
-
-def _build_ragged(heads: int) -> str:
-    """In the child: the ragged logits kernel's sm_90 cubin for ``heads`` query heads, as its
-    shared-memory size, then cuobjdump's resource usage and SASS."""
-    import triton
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from hwrun_nvidia import gluon_ragged_logits as kernel
-
-    pointers = ("*fp8e4nv", "*fp32", "*u8", "*u8", "*i32", "*i32", "*fp32")
-    names = ("q_ptr", "w_ptr", "elem_ptr", "scale_ptr", "ks_ptr", "ke_ptr", "out_ptr")
-    signature = dict(zip(names, pointers, strict=True))
-    ints = ("M", "N", "elem_stride", "scale_stride", "tiles")
-    signature |= dict.fromkeys(ints, "i32")
-    signature |= dict.fromkeys(("H", "HP", "ROWS", "STAGES"), "constexpr")
-    padded = max(16, triton.next_power_of_2(heads))
-    constexprs = {"H": heads, "HP": padded, "ROWS": 256 // padded, "STAGES": kernel.STAGES}
-    # As a launch specialises them: 16-byte aligned pointers and a key stride of 16 B units.
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 9)}
-    source = GluonASTSource(kernel._ragged_fp8_kernel, signature, constexprs, attrs)
-    return _cubin_report(source, {"num_warps": 8}, f"ragged{heads}")
-
-
-def _sass_ops(sass: str) -> list[str]:
-    """The SASS instructions in address order, each as its opcode and operands."""
-    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)
-    return [re.sub(r"^@!?U?P\w+\s+", "", op) for op in ops]  # predicates dropped
-
-
-@pytest.mark.parametrize("heads", [64, 128])
-def test_ragged_cubin_keeps_the_design(heads, tmp_path):
-    """No spills; the keys by cp.async 16 bytes at a time; each tile one 64 x 128 fp8 MMA a
-    warpgroup (4 steps of K=32), in two accumulators that take turns; and between a product's
-    issue and its wait, stores of the previous tile's logits (the overlap the kernel is for)."""
-    out = _child_build(tmp_path, "ragged", str(heads))
-    assert int(re.search(r"SHARED_BYTES:(\d+)", out).group(1)) <= 232448
-    assert int(re.search(r"STACK:(\d+)", out).group(1)) == 0
-    assert "LDGSTS.E.BYPASS.128" in out
-    ops = _sass_ops(out)
-    mma = [i for i, op in enumerate(ops) if op.startswith("QGMMA.64x128x32.F32.E4M3.E4M3")]
-    accumulators = {ops[i].split()[1].rstrip(",") for i in mma}
-    assert len(accumulators) == 2, accumulators  # even and odd tiles' products
-    waits = [i for i, op in enumerate(ops) if op.startswith("WARPGROUP.DEPBAR")]
-    overlapped = 0
-    for first in range(0, len(mma), 4):
-        issued = mma[first]
-        wait = min(i for i in waits if i > mma[first + 3])
-        overlapped += any(op.startswith("STG.E") for op in ops[issued:wait])
-    assert overlapped >= 2, "no product runs beside the previous tile's stores"
-
-
 if __name__ == "__main__":
     if sys.argv[1] == "layouts":
         print(_layouts())
     elif sys.argv[1] == "sparse_mla":
         print(_build_sparse_mla(int(sys.argv[2])))
-    elif sys.argv[1] == "ragged":
-        print(_build_ragged(int(sys.argv[2])))
     else:
         print(_build(sys.argv[1], int(sys.argv[2])))
