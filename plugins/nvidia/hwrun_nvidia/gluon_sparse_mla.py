@@ -40,11 +40,15 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+)
 
 from hwrun.kernels.triton.lse_combine import combine_parts
 from hwrun.kernels.triton.sparse_mla import LATENT_ROW_BYTES
-from hwrun_nvidia.gluon_paged_logits import _cta_barrier, _mma_result
+from hwrun_nvidia.gluon_paged_logits import GLUON_39, _cta_barrier, _mma_result
 
 ROW_BYTES = LATENT_ROW_BYTES["fp8_ds_mla"]  # 512 e4m3 codes, 4 fp32 scales, 64 bf16 rope
 BLOCK_N = gl.constexpr(64)  # top-k entries a tile
@@ -280,6 +284,361 @@ def _sparse_mla_decode_kernel(
     )
 
 
+# The warp-specialised kernel's layouts: each partition is one warpgroup (4 warps).
+HALF = gl.constexpr(32)  # entries the producer gathers at once: half a tile
+S_WG_LAYOUT = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+)
+O_WG_LAYOUT = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+)
+WORDS_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]))
+Q_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+ROW_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
+# Registers a thread of the PV warpgroup (its [64, 256] fp32 accumulator is 128) and of the
+# producer (two half tiles of words in flight, 96); the softmax warpgroup has the rest.
+PV_REGS = gl.constexpr(168)
+PRODUCER_REGS = gl.constexpr(128)
+
+
+@gluon.jit
+def _gather_rows(cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride,
+                 ROWS: gl.constexpr, LAYOUT: gl.constexpr):  # fmt: skip
+    """Entries start .. start+ROWS-1's rows as stored, as :func:`_gather` ([ROWS, 32] words
+    in ``LAYOUT``), as one tuple."""
+    j = start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
+    slot = gl.load(slot_row + j, mask=j < hi, other=-1)
+    valid = slot >= 0
+    safe = gl.where(valid, slot, 0).to(gl.int64)
+    offs = (safe // block_size) * block_stride + (safe % block_size) * row_stride
+    if HAS_MULTIPLE_OF:  # noqa: SIM108 (constexpr branches as statements, as the jit reads them)
+        rows = cache_ptr + gl.multiple_of(offs, 16)
+    else:
+        rows = cache_ptr + offs
+    words = gl.expand_dims(rows.to(gl.pointer_type(gl.int32)), 1) + gl.expand_dims(
+        gl.arange(0, 32, layout=gl.SliceLayout(0, LAYOUT)), 0
+    )
+    live = gl.expand_dims(valid, 1)
+    w0 = gl.load(words, mask=live, other=0)
+    w1 = gl.load(words + GROUP // 4, mask=live, other=0)
+    w2 = gl.load(words + 2 * GROUP // 4, mask=live, other=0)
+    w3 = gl.load(words + 3 * GROUP // 4, mask=live, other=0)
+    rope = gl.load(words + (NOPE + 16) // 4, mask=live, other=0)
+    scales = (rows + NOPE).to(gl.pointer_type(gl.float32))
+    s0 = gl.load(scales, mask=valid, other=0.0)
+    s1 = gl.load(scales + 1, mask=valid, other=0.0)
+    s2 = gl.load(scales + 2, mask=valid, other=0.0)
+    s3 = gl.load(scales + 3, mask=valid, other=0.0)
+    return (w0, w1, w2, w3, s0, s1, s2, s3, rope)
+
+
+@gluon.jit
+def _decoded_rows(words, scale):
+    """:func:`_decoded` for any number of rows."""
+    rounded = gl.expand_dims(scale.to(gl.bfloat16).to(gl.float32), 1)
+    b0 = _code_byte(words, 0, rounded)
+    b1 = _code_byte(words, 1, rounded)
+    b2 = _code_byte(words, 2, rounded)
+    b3 = _code_byte(words, 3, rounded)
+    return gl.reshape(gl.join(gl.join(b0, b2), gl.join(b1, b3)), [words.shape[0], GROUP])
+
+
+# $2: four e4m3 codes (element i in byte i); $3: the group's scale rounded to bf16, in both
+# halves; $0 / $1: elements 0, 1 / 2, 3 decoded, as bf16 pairs (first low). Each code is placed
+# in a bf16's bits (sign to bit 15, exponent and mantissa to bits 10..4: the code's value
+# times 2^-120 for every code, subnormals included, as both formats' subnormals have exponent
+# field 0); times 2^120, exact, that is the code's value, and times the scale it is rounded
+# once, as the format decodes (code times bf16 scale, rounded to bf16). NaN codes (0x7F,
+# 0xFF), which the format's encoder never writes, decode to +-480 times the scale.
+PLACED_DECODE_ASM = gl.constexpr("""
+{
+.reg .b32 a, b, p;
+mov.b32 p, 0x7B807B80;
+prmt.b32 a, $2, 0, 0x9180;
+prmt.b32 b, $2, 0, 0xB3A2;
+shl.b32 a, a, 4;
+shl.b32 b, b, 4;
+and.b32 a, a, 0x87F087F0;
+and.b32 b, b, 0x87F087F0;
+mul.rn.bf16x2 a, a, p;
+mul.rn.bf16x2 b, b, p;
+mul.rn.bf16x2 $0, a, $3;
+mul.rn.bf16x2 $1, b, $3;
+}
+""")
+
+
+@gluon.jit
+def _placed_words(words, scale):
+    """A group's codes ([n, 32] int32 words) decoded by :data:`PLACED_DECODE_ASM`: [n, 64]
+    int32 words of bf16 pairs in element order."""
+    half = scale.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    pair = gl.expand_dims(half | (half << 16), 1) + gl.zeros_like(words)
+    first, second = gl.inline_asm_elementwise(
+        PLACED_DECODE_ASM, "=r,=r,r,r", [words, pair], dtype=(gl.int32, gl.int32),
+        is_pure=True, pack=1,
+    )  # fmt: skip
+    return gl.reshape(gl.join(first, second), [words.shape[0], 2 * words.shape[1]])
+
+
+@gluon.jit
+def _store_placed(k_words, k_rope, rows):
+    """:func:`_store_rows` by the placed decode, through an int32 view k_words [n, 256]."""
+    k_words.slice(0, GROUP // 2, dim=1).store(_placed_words(rows[0], rows[4]))
+    k_words.slice(GROUP // 2, GROUP // 2, dim=1).store(_placed_words(rows[1], rows[5]))
+    k_words.slice(GROUP, GROUP // 2, dim=1).store(_placed_words(rows[2], rows[6]))
+    k_words.slice(3 * GROUP // 2, GROUP // 2, dim=1).store(_placed_words(rows[3], rows[7]))
+    words = rows[8]
+    low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    k_rope.store(gl.reshape(gl.join(low, high), [words.shape[0], ROPE]))
+
+
+@gluon.jit
+def _store_rows(k_nope, k_rope, rows):
+    """Gathered rows (a :func:`_gather_rows` tuple), decoded, into k_nope [n, 512] and k_rope
+    [n, 64]."""
+    k_nope.slice(0, GROUP, dim=1).store(_decoded_rows(rows[0], rows[4]))
+    k_nope.slice(GROUP, GROUP, dim=1).store(_decoded_rows(rows[1], rows[5]))
+    k_nope.slice(2 * GROUP, GROUP, dim=1).store(_decoded_rows(rows[2], rows[6]))
+    k_nope.slice(3 * GROUP, GROUP, dim=1).store(_decoded_rows(rows[3], rows[7]))
+    words = rows[8]
+    low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    k_rope.store(gl.reshape(gl.join(low, high), [words.shape[0], ROPE]))
+
+
+WORDS_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+
+
+@gluon.jit
+def _as_words(k_nope):
+    """A stage's bf16 [64, 512] as int32 [64, 256] (same bytes: both layouts swizzle 16-byte
+    chunks of 128-byte rows)."""
+    if GLUON_39:
+        return k_nope.reinterpret(gl.int32, [BLOCK_N, NOPE // 2], WORDS_SMEM)
+    else:
+        return k_nope._reinterpret(gl.int32, [BLOCK_N, NOPE // 2], WORDS_SMEM)
+
+
+@gluon.jit
+def _tile_count(lo, hi):
+    return gl.maximum(hi - lo + BLOCK_N - 1, 0) // BLOCK_N
+
+
+@gluon.jit
+def _ws_producer(cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride,
+                 k_nope, k_rope, k_ready, k_free, STAGES: gl.constexpr,
+                 PLACED: gl.constexpr):  # fmt: skip
+    """The producer warpgroup: each tile's rows gathered (half a tile ahead, so that a half's
+    loads are in flight while the one before it is decoded), decoded into a free ring stage,
+    and the stage handed to the consumers."""
+    half = _gather_rows(
+        cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride, HALF, WORDS_WG_LAYOUT
+    )
+    for t in range(_tile_count(lo, hi)):
+        stage = t % STAGES
+        start = lo + t * BLOCK_N
+        second = _gather_rows(
+            cache_ptr, slot_row, start + HALF, hi, block_size, block_stride, row_stride, HALF,
+            WORDS_WG_LAYOUT,
+        )  # fmt: skip
+        mbarrier.wait(k_free.index(stage), (t // STAGES) & 1 ^ 1)
+        nope = k_nope.index(stage)
+        rope = k_rope.index(stage)
+        if PLACED:
+            nope_words = _as_words(nope)
+            _store_placed(nope_words.slice(0, HALF, dim=0), rope.slice(0, HALF, dim=0), half)
+        else:
+            _store_rows(nope.slice(0, HALF, dim=0), rope.slice(0, HALF, dim=0), half)
+        half = _gather_rows(
+            cache_ptr, slot_row, start + BLOCK_N, hi, block_size, block_stride, row_stride,
+            HALF, WORDS_WG_LAYOUT,
+        )  # fmt: skip
+        if PLACED:
+            nope_words = _as_words(nope)
+            _store_placed(nope_words.slice(HALF, HALF, dim=0), rope.slice(HALF, HALF, dim=0),
+                          second)  # fmt: skip
+        else:
+            _store_rows(nope.slice(HALF, HALF, dim=0), rope.slice(HALF, HALF, dim=0), second)
+        fence_async_shared()  # this warpgroup's stores before the MMAs' async-proxy reads
+        _cta_barrier()  # every warp's, before the one arrival
+        mbarrier.arrive(k_ready.index(stage))
+
+
+@gluon.jit
+def _store_half(part_out_ptr, part, hb, H, o, inv, FIRST: gl.constexpr):
+    """Output columns FIRST .. FIRST+255 of heads hb*64 ..: ``o`` times ``inv`` a head."""
+    layout: gl.constexpr = gl.SliceLayout(1, O_WG_LAYOUT)
+    heads = hb * HEADS + gl.arange(0, HEADS, layout=layout)
+    cols = FIRST + gl.arange(0, NOPE // 2, layout=gl.SliceLayout(0, O_WG_LAYOUT))
+    rows = part_out_ptr + gl.expand_dims((part * H + heads) * NOPE, 1)
+    out = o * gl.expand_dims(inv, 1)
+    gl.store(
+        rows + gl.expand_dims(cols, 0),
+        out.to(part_out_ptr.dtype.element_ty),
+        mask=gl.expand_dims(heads < H, 1),
+    )
+
+
+@gluon.jit
+def _ws_softmax(q_nope, q_rope, k_nope, k_rope, p_smem, alpha_smem, inv_smem,
+                k_ready, k_free, p_ready, p_free, done, slot_row, lo, hi, scale_log2,
+                sink_ptr, part_out_ptr, part_lse_ptr, part, hb, H,
+                HAS_SINK: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    """The softmax warpgroup: S = Q K^T over the whole tile, the online softmax, P and the
+    rescale handed to the PV warpgroup, O += P V over output columns 0 .. 255; at the end the
+    normalisation (shared with the PV warpgroup) and the LSE."""
+    rows_layout: gl.constexpr = gl.SliceLayout(1, S_WG_LAYOUT)
+    entries_layout: gl.constexpr = gl.SliceLayout(0, S_WG_LAYOUT)
+    out_rows_layout: gl.constexpr = gl.SliceLayout(1, O_WG_LAYOUT)
+    m_i = gl.full([HEADS], float("-inf"), gl.float32, rows_layout)
+    l_i = gl.zeros([HEADS], gl.float32, rows_layout)
+    o = gl.zeros([HEADS, NOPE // 2], gl.float32, O_WG_LAYOUT)
+    for t in range(_tile_count(lo, hi)):
+        stage = t % STAGES
+        mbarrier.wait(k_ready.index(stage), (t // STAGES) & 1)
+        zero = gl.zeros([HEADS, BLOCK_N], gl.float32, S_WG_LAYOUT)
+        pending = warpgroup_mma(
+            q_nope, k_nope.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True
+        )
+        pending = warpgroup_mma(q_rope, k_rope.index(stage).permute((1, 0)), pending, is_async=True)
+        j = lo + t * BLOCK_N + gl.arange(0, BLOCK_N, layout=entries_layout)
+        valid = gl.load(slot_row + j, mask=j < hi, other=-1) >= 0
+        scores = _mma_result(pending)
+        scores = gl.where(gl.expand_dims(valid, 0), scores * scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(scores - gl.expand_dims(m_safe, 1))
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        mbarrier.wait(p_free, t & 1 ^ 1)  # the PV warpgroup done with the last tile's P
+        p_smem.store(p.to(gl.bfloat16))
+        alpha_smem.store(alpha)
+        fence_async_shared()
+        _cta_barrier()
+        mbarrier.arrive(p_ready)
+        o = o * gl.expand_dims(gl.convert_layout(alpha, out_rows_layout), 1)
+        o = warpgroup_mma(p_smem, k_nope.index(stage).slice(0, NOPE // 2, dim=1), o)
+        _cta_barrier()  # every warp's part of the product done reading the stage
+        mbarrier.arrive(k_free.index(stage))
+
+    heads = hb * HEADS + gl.arange(0, HEADS, layout=out_rows_layout)
+    h_mask = heads < H
+    l_o = gl.convert_layout(l_i, out_rows_layout)
+    m_o = gl.convert_layout(m_i, out_rows_layout)
+    empty = l_o == 0.0
+    inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_o))
+    lse = gl.where(empty, float("-inf"), (m_o + gl.log2(gl.where(empty, 1.0, l_o))) * LN2)
+    if HAS_SINK:
+        sink = gl.load(sink_ptr + heads, mask=h_mask, other=0.0)
+        inv = inv * gl.where(empty, 0.0, 1.0 / (1.0 + gl.exp(sink - gl.where(empty, 0.0, lse))))
+    inv_smem.store(inv)
+    _cta_barrier()
+    mbarrier.arrive(done)
+    gl.store(part_lse_ptr + part * H + heads, lse, mask=h_mask)
+    _store_half(part_out_ptr, part, hb, H, o, inv, 0)
+
+
+@gluon.jit
+def _ws_pv(k_nope, p_smem, alpha_smem, inv_smem, k_free, p_ready, p_free, done, lo, hi,
+           part_out_ptr, part, hb, H, STAGES: gl.constexpr):  # fmt: skip
+    """The PV warpgroup: O += P V over output columns 256 .. 511, P and the rescale from the
+    softmax warpgroup."""
+    out_rows_layout: gl.constexpr = gl.SliceLayout(1, O_WG_LAYOUT)
+    o = gl.zeros([HEADS, NOPE // 2], gl.float32, O_WG_LAYOUT)
+    for t in range(_tile_count(lo, hi)):
+        stage = t % STAGES
+        mbarrier.wait(p_ready, t & 1)
+        alpha = alpha_smem.load(out_rows_layout)
+        o = o * gl.expand_dims(alpha, 1)
+        o = warpgroup_mma(p_smem, k_nope.index(stage).slice(NOPE // 2, NOPE // 2, dim=1), o)
+        _cta_barrier()
+        mbarrier.arrive(p_free)
+        mbarrier.arrive(k_free.index(stage))
+    mbarrier.wait(done, 0)
+    _store_half(part_out_ptr, part, hb, H, o, inv_smem.load(out_rows_layout), NOPE // 2)
+
+
+@gluon.jit
+def _sparse_mla_decode_ws_kernel(
+    q_ptr, cache_ptr, slots_ptr, lens_ptr, sink_ptr, part_out_ptr, part_lse_ptr,
+    k, H, chunk, block_size, cache_block_stride, cache_row_stride, scale_log2,
+    HAS_LENS: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
+    PLACED: gl.constexpr,
+):  # fmt: skip
+    """:func:`_sparse_mla_decode_kernel`'s work (same arguments) by three warpgroups: a
+    producer gathering and decoding tiles into the ring, a softmax warpgroup (QK, softmax, PV
+    over the first 256 output columns) and a PV warpgroup (the other 256), handing stages and
+    P over by mbarriers, as FlashMLA's sm_90 kernel does."""
+    gl.static_assert(gl.num_warps() == 4, "the default partition is one warpgroup")
+    r = gl.program_id(0).to(gl.int64)
+    hb = gl.program_id(1)
+    split = gl.program_id(2)
+    limit = k
+    if HAS_LENS:
+        limit = gl.minimum(gl.load(lens_ptr + r), k)
+    lo = split * chunk
+    hi = gl.minimum(lo + chunk, limit)
+    slot_row = slots_ptr + r * k
+    part = split * gl.num_programs(0) + r
+
+    heads = hb * HEADS + gl.arange(0, HEADS, layout=gl.SliceLayout(1, Q_WG_LAYOUT))
+    q_rows = q_ptr + (r * H + gl.expand_dims(heads, 1).to(gl.int64)) * (NOPE + ROPE)
+    live = gl.expand_dims(heads < H, 1)
+    q_nope = gl.allocate_shared_memory(gl.bfloat16, [HEADS, NOPE], BF16_OPERAND_SMEM)
+    for c in gl.static_range(NOPE // GROUP):
+        cols = c * GROUP + gl.arange(0, GROUP, layout=gl.SliceLayout(0, Q_WG_LAYOUT))
+        chunk_q = gl.load(q_rows + gl.expand_dims(cols, 0), mask=live, other=0.0)
+        q_nope.slice(c * GROUP, GROUP, dim=1).store(chunk_q)
+    rope_cols = gl.arange(0, ROPE, layout=gl.SliceLayout(0, Q_WG_LAYOUT))
+    rope_q = gl.load(q_rows + NOPE + gl.expand_dims(rope_cols, 0), mask=live, other=0.0)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [HEADS, ROPE], BF16_OPERAND_SMEM, rope_q)
+
+    k_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, NOPE], BF16_OPERAND_SMEM)
+    k_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, ROPE], BF16_OPERAND_SMEM)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], BF16_OPERAND_SMEM)
+    alpha_smem = gl.allocate_shared_memory(gl.float32, [HEADS], ROW_SMEM)
+    inv_smem = gl.allocate_shared_memory(gl.float32, [HEADS], ROW_SMEM)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(k_free.index(s), count=2)  # both consumer warpgroups
+    mbarrier.init(p_ready, count=1)
+    mbarrier.init(p_free, count=1)
+    mbarrier.init(done, count=1)
+    fence_async_shared()  # the queries' stores before the MMA's reads
+    _cta_barrier()  # and every thread's, before any warp's MMA
+
+    gl.warp_specialize(
+        [
+            (
+                _ws_softmax,
+                (q_nope, q_rope, k_nope, k_rope, p_smem, alpha_smem, inv_smem, k_ready, k_free,
+                 p_ready, p_free, done, slot_row, lo, hi, scale_log2, sink_ptr, part_out_ptr,
+                 part_lse_ptr, part, hb, H, HAS_SINK, STAGES),
+            ),
+            (
+                _ws_pv,
+                (k_nope, p_smem, alpha_smem, inv_smem, k_free, p_ready, p_free, done, lo, hi,
+                 part_out_ptr, part, hb, H, STAGES),
+            ),
+            (
+                _ws_producer,
+                (cache_ptr, slot_row, lo, hi, block_size, cache_block_stride, cache_row_stride,
+                 k_nope, k_rope, k_ready, k_free, STAGES, PLACED),
+            ),
+        ],
+        [4, 4],
+        [PV_REGS, PRODUCER_REGS],
+    )  # fmt: skip
+
+
 def shape_reasons(q: torch.Tensor, cache: torch.Tensor, fmt: str) -> list[str]:
     """Why this kernel does not take a call (empty: it does), in words for the adapter."""
     reasons = []
@@ -310,9 +669,12 @@ def decode(
     attn_sink: torch.Tensor | None = None,  # [H] float32
     splits: int | None = None,
     stages: int = 2,
+    specialised: bool = True,
+    placed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, s, H, 512] bf16, lse [B, s, H] fp32
     """``sparse_mla.decode`` over fp8_ds_mla rows (see :func:`shape_reasons`); ``splits``:
-    parts of the top-k list (default :func:`default_splits`), ``stages``: 2 or 1 ring stages."""
+    parts of the top-k list (default :func:`default_splits`), ``stages``: 2 or 1 ring stages,
+    ``specialised``: the warp-specialised kernel (else the two-warpgroup one)."""
     problems = shape_reasons(q, cache, "fp8_ds_mla")
     if problems:
         raise ValueError("sparse_mla.decode (gluon): " + "; ".join(problems))
@@ -337,7 +699,8 @@ def decode(
     if rows == 0:
         return part_out[0].reshape(B, S, H, 512), part_lse[0].reshape(B, S, H)
     lens = part_lse if topk_length is None else topk_length.reshape(rows).to(torch.int32)
-    _sparse_mla_decode_kernel[(rows, head_blocks, splits)](
+    kernel = _sparse_mla_decode_ws_kernel if specialised else _sparse_mla_decode_kernel
+    kernel[(rows, head_blocks, splits)](
         q.reshape(rows, H, 576).contiguous(),
         cache,
         slots.reshape(rows, k).to(torch.int32).contiguous(),
@@ -355,7 +718,8 @@ def decode(
         HAS_LENS=topk_length is not None,
         HAS_SINK=direct and attn_sink is not None,
         STAGES=stages,
-        num_warps=8,
+        **({"PLACED": placed} if specialised else {}),
+        num_warps=4 if specialised else 8,
     )
     if direct:
         out, lse = part_out[0], part_lse[0]
