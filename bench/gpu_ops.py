@@ -309,7 +309,7 @@ def gluon_mla_row(q, cache, slots, scale, batch, heads, k, tune, triton_out, flo
         splits = [None, 2, 4, 8, 16, 32] if batch == 1 else [None]
         grid = [
             {**ws, "stages": st, "splits": sp}
-            for ws in ({}, {"placed": False}, {"specialised": False})
+            for ws in ({}, {"specialised": False})
             for st in (2, 1)
             for sp in splits
         ]

@@ -285,7 +285,7 @@ def _sparse_mla_decode_kernel(
 
 
 # The warp-specialised kernel's layouts: each partition is one warpgroup (4 warps).
-HALF = gl.constexpr(32)  # entries the producer gathers at once: half a tile
+PART = gl.constexpr(16)  # entries the producer gathers at once: a quarter tile
 S_WG_LAYOUT = gl.constexpr(
     gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
 )
@@ -293,55 +293,16 @@ O_WG_LAYOUT = gl.constexpr(
     gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
 )
 WORDS_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]))
+# A part's codes [rows, group, word]: a warp a row (its 512 bytes, 16 a thread)
+CODES_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1, 4], [1, 4, 8], [4, 1, 1], [2, 1, 0]))
 Q_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 ROW_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
 # Registers a thread of the PV warpgroup (its [64, 256] fp32 accumulator is 128) and of the
-# producer (two half tiles of words in flight, 96); the softmax warpgroup has the rest.
-PV_REGS = gl.constexpr(168)
-PRODUCER_REGS = gl.constexpr(128)
-
-
-@gluon.jit
-def _gather_rows(cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride,
-                 ROWS: gl.constexpr, LAYOUT: gl.constexpr):  # fmt: skip
-    """Entries start .. start+ROWS-1's rows as stored, as :func:`_gather` ([ROWS, 32] words
-    in ``LAYOUT``), as one tuple."""
-    j = start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
-    slot = gl.load(slot_row + j, mask=j < hi, other=-1)
-    valid = slot >= 0
-    safe = gl.where(valid, slot, 0).to(gl.int64)
-    offs = (safe // block_size) * block_stride + (safe % block_size) * row_stride
-    if HAS_MULTIPLE_OF:  # noqa: SIM108 (constexpr branches as statements, as the jit reads them)
-        rows = cache_ptr + gl.multiple_of(offs, 16)
-    else:
-        rows = cache_ptr + offs
-    words = gl.expand_dims(rows.to(gl.pointer_type(gl.int32)), 1) + gl.expand_dims(
-        gl.arange(0, 32, layout=gl.SliceLayout(0, LAYOUT)), 0
-    )
-    live = gl.expand_dims(valid, 1)
-    w0 = gl.load(words, mask=live, other=0)
-    w1 = gl.load(words + GROUP // 4, mask=live, other=0)
-    w2 = gl.load(words + 2 * GROUP // 4, mask=live, other=0)
-    w3 = gl.load(words + 3 * GROUP // 4, mask=live, other=0)
-    rope = gl.load(words + (NOPE + 16) // 4, mask=live, other=0)
-    scales = (rows + NOPE).to(gl.pointer_type(gl.float32))
-    s0 = gl.load(scales, mask=valid, other=0.0)
-    s1 = gl.load(scales + 1, mask=valid, other=0.0)
-    s2 = gl.load(scales + 2, mask=valid, other=0.0)
-    s3 = gl.load(scales + 3, mask=valid, other=0.0)
-    return (w0, w1, w2, w3, s0, s1, s2, s3, rope)
-
-
-@gluon.jit
-def _decoded_rows(words, scale):
-    """:func:`_decoded` for any number of rows."""
-    rounded = gl.expand_dims(scale.to(gl.bfloat16).to(gl.float32), 1)
-    b0 = _code_byte(words, 0, rounded)
-    b1 = _code_byte(words, 1, rounded)
-    b2 = _code_byte(words, 2, rounded)
-    b3 = _code_byte(words, 3, rounded)
-    return gl.reshape(gl.join(gl.join(b0, b2), gl.join(b1, b3)), [words.shape[0], GROUP])
-
+# producer (a tile of rows in flight, 96); the softmax warpgroup has the rest (200). Of the
+# splits tried in the sm_90 build, the one that spills least (40 bytes a thread).
+PV_REGS = gl.constexpr(160)
+PRODUCER_REGS = gl.constexpr(144)
+WORDS_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
 
 # $2: four e4m3 codes (element i in byte i); $3: the group's scale rounded to bf16, in both
 # halves; $0 / $1: elements 0, 1 / 2, 3 decoded, as bf16 pairs (first low). Each code is placed
@@ -369,49 +330,6 @@ mul.rn.bf16x2 $1, b, $3;
 
 
 @gluon.jit
-def _placed_words(words, scale):
-    """A group's codes ([n, 32] int32 words) decoded by :data:`PLACED_DECODE_ASM`: [n, 64]
-    int32 words of bf16 pairs in element order."""
-    half = scale.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-    pair = gl.expand_dims(half | (half << 16), 1) + gl.zeros_like(words)
-    first, second = gl.inline_asm_elementwise(
-        PLACED_DECODE_ASM, "=r,=r,r,r", [words, pair], dtype=(gl.int32, gl.int32),
-        is_pure=True, pack=1,
-    )  # fmt: skip
-    return gl.reshape(gl.join(first, second), [words.shape[0], 2 * words.shape[1]])
-
-
-@gluon.jit
-def _store_placed(k_words, k_rope, rows):
-    """:func:`_store_rows` by the placed decode, through an int32 view k_words [n, 256]."""
-    k_words.slice(0, GROUP // 2, dim=1).store(_placed_words(rows[0], rows[4]))
-    k_words.slice(GROUP // 2, GROUP // 2, dim=1).store(_placed_words(rows[1], rows[5]))
-    k_words.slice(GROUP, GROUP // 2, dim=1).store(_placed_words(rows[2], rows[6]))
-    k_words.slice(3 * GROUP // 2, GROUP // 2, dim=1).store(_placed_words(rows[3], rows[7]))
-    words = rows[8]
-    low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    k_rope.store(gl.reshape(gl.join(low, high), [words.shape[0], ROPE]))
-
-
-@gluon.jit
-def _store_rows(k_nope, k_rope, rows):
-    """Gathered rows (a :func:`_gather_rows` tuple), decoded, into k_nope [n, 512] and k_rope
-    [n, 64]."""
-    k_nope.slice(0, GROUP, dim=1).store(_decoded_rows(rows[0], rows[4]))
-    k_nope.slice(GROUP, GROUP, dim=1).store(_decoded_rows(rows[1], rows[5]))
-    k_nope.slice(2 * GROUP, GROUP, dim=1).store(_decoded_rows(rows[2], rows[6]))
-    k_nope.slice(3 * GROUP, GROUP, dim=1).store(_decoded_rows(rows[3], rows[7]))
-    words = rows[8]
-    low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    k_rope.store(gl.reshape(gl.join(low, high), [words.shape[0], ROPE]))
-
-
-WORDS_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
-
-
-@gluon.jit
 def _as_words(k_nope):
     """A stage's bf16 [64, 512] as int32 [64, 256] (same bytes: both layouts swizzle 16-byte
     chunks of 128-byte rows)."""
@@ -427,40 +345,100 @@ def _tile_count(lo, hi):
 
 
 @gluon.jit
-def _ws_producer(cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride,
-                 k_nope, k_rope, k_ready, k_free, STAGES: gl.constexpr,
-                 PLACED: gl.constexpr):  # fmt: skip
-    """The producer warpgroup: each tile's rows gathered (half a tile ahead, so that a half's
-    loads are in flight while the one before it is decoded), decoded into a free ring stage,
-    and the stage handed to the consumers."""
-    half = _gather_rows(
-        cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride, HALF, WORDS_WG_LAYOUT
+def _row_offsets(slot_row, start, hi, block_size, block_stride, row_stride, layout: gl.constexpr):
+    """Byte offsets of entries start .. start+PART-1's rows (0 where invalid or past ``hi``),
+    and which are valid, in ``layout``."""
+    j = start + gl.arange(0, PART, layout=layout)
+    slot = gl.load(slot_row + j, mask=j < hi, other=-1)
+    valid = slot >= 0
+    safe = gl.where(valid, slot, 0).to(gl.int64)
+    offs = (safe // block_size) * block_stride + (safe % block_size) * row_stride
+    if HAS_MULTIPLE_OF:
+        offs = gl.multiple_of(offs, 16)
+    return offs, valid
+
+
+@gluon.jit
+def _gather_part(cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride):
+    """Entries start .. start+PART-1's rows as stored (zeros for invalid ones): the codes as
+    int32 words [PART, 4 groups, 32] (a warp reading a row's 512 bytes), the groups' scales
+    [PART, 4] and the rope values' words [PART, 32]."""
+    group_rows: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, CODES_WG_LAYOUT))
+    offs, valid = _row_offsets(
+        slot_row, start, hi, block_size, block_stride, row_stride, group_rows
     )
+    rows = gl.expand_dims(cache_ptr + offs, 1)  # [PART, 1]
+    groups = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, CODES_WG_LAYOUT)))
+    live = gl.expand_dims(valid, 1)
+    scales = gl.load(
+        (rows + NOPE).to(gl.pointer_type(gl.float32)) + gl.expand_dims(groups, 0),
+        mask=live, other=0.0,
+    )  # fmt: skip
+    words = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(0, CODES_WG_LAYOUT)))
+    code_words = gl.expand_dims(
+        rows.to(gl.pointer_type(gl.int32)) + gl.expand_dims(groups, 0) * (GROUP // 4), 2
+    ) + gl.expand_dims(gl.expand_dims(words, 0), 0)
+    codes = gl.load(code_words, mask=gl.expand_dims(live, 2), other=0)
+
+    rope_rows: gl.constexpr = gl.SliceLayout(1, WORDS_WG_LAYOUT)
+    offs, valid = _row_offsets(slot_row, start, hi, block_size, block_stride, row_stride, rope_rows)
+    rope_words = gl.expand_dims((cache_ptr + offs + NOPE + 16).to(gl.pointer_type(gl.int32)), 1)
+    rope_words = rope_words + gl.expand_dims(
+        gl.arange(0, 32, layout=gl.SliceLayout(0, WORDS_WG_LAYOUT)), 0
+    )
+    rope = gl.load(rope_words, mask=gl.expand_dims(valid, 1), other=0)
+    return (codes, scales, rope)
+
+
+@gluon.jit
+def _store_part(k_words, k_rope, part):
+    """A gathered part (:func:`_gather_part`), decoded, into a stage's rows: k_words [PART,
+    256] (the NoPE values' bf16 pairs as int32, one store) and k_rope [PART, 64]."""
+    codes = part[0]
+    half = part[1].to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    pair = gl.expand_dims(half | (half << 16), 2) + gl.zeros_like(codes)
+    first, second = gl.inline_asm_elementwise(
+        PLACED_DECODE_ASM, "=r,=r,r,r", [codes, pair], dtype=(gl.int32, gl.int32),
+        is_pure=True, pack=1,
+    )  # fmt: skip
+    k_words.store(gl.reshape(gl.join(first, second), [PART, NOPE // 2]))
+    words = part[2]
+    low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    k_rope.store(gl.reshape(gl.join(low, high), [PART, ROPE]))
+
+
+@gluon.jit
+def _ws_producer(cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride,
+                 k_nope, k_rope, k_ready, k_free, STAGES: gl.constexpr):  # fmt: skip
+    """The producer warpgroup: each tile's rows gathered in four parts of 16, a tile ahead
+    (ncu at half a tile ahead: 45% of the kernel's stall cycles waited on these loads),
+    decoded into a free ring stage, and the stage handed to the consumers."""
+    p0 = _gather_part(cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride)
+    p1 = _gather_part(cache_ptr, slot_row, lo + PART, hi, block_size, block_stride, row_stride)
+    p2 = _gather_part(cache_ptr, slot_row, lo + 2 * PART, hi, block_size, block_stride, row_stride)
     for t in range(_tile_count(lo, hi)):
         stage = t % STAGES
         start = lo + t * BLOCK_N
-        second = _gather_rows(
-            cache_ptr, slot_row, start + HALF, hi, block_size, block_stride, row_stride, HALF,
-            WORDS_WG_LAYOUT,
-        )  # fmt: skip
+        p3 = _gather_part(
+            cache_ptr, slot_row, start + 3 * PART, hi, block_size, block_stride, row_stride
+        )
         mbarrier.wait(k_free.index(stage), (t // STAGES) & 1 ^ 1)
-        nope = k_nope.index(stage)
+        words = _as_words(k_nope.index(stage))
         rope = k_rope.index(stage)
-        if PLACED:
-            nope_words = _as_words(nope)
-            _store_placed(nope_words.slice(0, HALF, dim=0), rope.slice(0, HALF, dim=0), half)
-        else:
-            _store_rows(nope.slice(0, HALF, dim=0), rope.slice(0, HALF, dim=0), half)
-        half = _gather_rows(
-            cache_ptr, slot_row, start + BLOCK_N, hi, block_size, block_stride, row_stride,
-            HALF, WORDS_WG_LAYOUT,
-        )  # fmt: skip
-        if PLACED:
-            nope_words = _as_words(nope)
-            _store_placed(nope_words.slice(HALF, HALF, dim=0), rope.slice(HALF, HALF, dim=0),
-                          second)  # fmt: skip
-        else:
-            _store_rows(nope.slice(HALF, HALF, dim=0), rope.slice(HALF, HALF, dim=0), second)
+        _store_part(words.slice(0, PART, dim=0), rope.slice(0, PART, dim=0), p0)
+        p0 = _gather_part(
+            cache_ptr, slot_row, start + 4 * PART, hi, block_size, block_stride, row_stride
+        )
+        _store_part(words.slice(PART, PART, dim=0), rope.slice(PART, PART, dim=0), p1)
+        p1 = _gather_part(
+            cache_ptr, slot_row, start + 5 * PART, hi, block_size, block_stride, row_stride
+        )
+        _store_part(words.slice(2 * PART, PART, dim=0), rope.slice(2 * PART, PART, dim=0), p2)
+        p2 = _gather_part(
+            cache_ptr, slot_row, start + 6 * PART, hi, block_size, block_stride, row_stride
+        )
+        _store_part(words.slice(3 * PART, PART, dim=0), rope.slice(3 * PART, PART, dim=0), p3)
         fence_async_shared()  # this warpgroup's stores before the MMAs' async-proxy reads
         _cta_barrier()  # every warp's, before the one arrival
         mbarrier.arrive(k_ready.index(stage))
@@ -566,7 +544,6 @@ def _sparse_mla_decode_ws_kernel(
     q_ptr, cache_ptr, slots_ptr, lens_ptr, sink_ptr, part_out_ptr, part_lse_ptr,
     k, H, chunk, block_size, cache_block_stride, cache_row_stride, scale_log2,
     HAS_LENS: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
-    PLACED: gl.constexpr,
 ):  # fmt: skip
     """:func:`_sparse_mla_decode_kernel`'s work (same arguments) by three warpgroups: a
     producer gathering and decoding tiles into the ring, a softmax warpgroup (QK, softmax, PV
@@ -631,7 +608,7 @@ def _sparse_mla_decode_ws_kernel(
             (
                 _ws_producer,
                 (cache_ptr, slot_row, lo, hi, block_size, cache_block_stride, cache_row_stride,
-                 k_nope, k_rope, k_ready, k_free, STAGES, PLACED),
+                 k_nope, k_rope, k_ready, k_free, STAGES),
             ),
         ],
         [4, 4],
@@ -655,9 +632,10 @@ def shape_reasons(q: torch.Tensor, cache: torch.Tensor, fmt: str) -> list[str]:
 
 def default_splits(rows: int, head_blocks: int, k: int, multiprocessors: int) -> int:
     """Parts of the top-k list a row's program is cut into: one program an SM at most, at
-    least 8 tiles a part (every part reloads its queries)."""
+    least 2 tiles a part (on an H100 at B=1, 128 heads, top-2048: 16 parts 18.6 us, 32 parts
+    19.2, 8 parts 22.6, 4 parts 33.4)."""
     programs = max(rows * head_blocks, 1)
-    return max(1, min(triton.cdiv(k, 8 * 64), multiprocessors // programs))
+    return max(1, min(triton.cdiv(k, 2 * 64), multiprocessors // programs))
 
 
 def decode(
@@ -670,7 +648,6 @@ def decode(
     splits: int | None = None,
     stages: int = 2,
     specialised: bool = True,
-    placed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, s, H, 512] bf16, lse [B, s, H] fp32
     """``sparse_mla.decode`` over fp8_ds_mla rows (see :func:`shape_reasons`); ``splits``:
     parts of the top-k list (default :func:`default_splits`), ``stages``: 2 or 1 ring stages,
@@ -718,7 +695,6 @@ def decode(
         HAS_LENS=topk_length is not None,
         HAS_SINK=direct and attn_sink is not None,
         STAGES=stages,
-        **({"PLACED": placed} if specialised else {}),
         num_warps=4 if specialised else 8,
     )
     if direct:

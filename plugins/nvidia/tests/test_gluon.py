@@ -320,8 +320,9 @@ def test_sparse_mla_shape_reasons_and_splits():
     skewed = torch.zeros(8, 64, 660, dtype=torch.uint8)[:, :, :656]  # 660: not 16-byte
     assert any("16-byte" in r for r in kernel.shape_reasons(q, skewed, "fp8_ds_mla"))
     assert kernel.default_splits(64, 2, 2048, 132) == 1  # 128 programs: one wave already
-    assert kernel.default_splits(1, 2, 2048, 132) == 4  # at least 8 tiles a part
-    assert kernel.default_splits(4, 2, 2048, 132) == 4
+    assert kernel.default_splits(1, 2, 2048, 132) == 16  # at least 2 tiles a part
+    assert kernel.default_splits(4, 2, 2048, 132) == 16
+    assert kernel.default_splits(8, 2, 2048, 132) == 8  # one wave
     assert kernel.default_splits(1, 1, 64, 132) == 1
 
 
@@ -339,8 +340,8 @@ def test_sparse_mla_falls_back_to_triton_for_other_calls(monkeypatch):
 
 def _build_sparse_mla(stages: int, design: str) -> str:
     """In the child: a sparse MLA kernel's sm_90 cubin (``design``: "serial", the two-warpgroup
-    kernel; "specialised" or "specialised-convert", the warp-specialised one with each
-    decode), as its shared-memory size, then cuobjdump's resource usage and SASS."""
+    kernel, or "specialised"), as its shared-memory size, then cuobjdump's resource usage and
+    SASS."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from hwrun_nvidia import gluon_sparse_mla as kernel
@@ -358,8 +359,6 @@ def _build_sparse_mla(stages: int, design: str) -> str:
         fn, warps = kernel._sparse_mla_decode_kernel, 8
     else:
         fn, warps = kernel._sparse_mla_decode_ws_kernel, 4
-        signature["PLACED"] = "constexpr"
-        constexprs["PLACED"] = design == "specialised"
     source = GluonASTSource(fn, signature, constexprs, attrs)
     return _cubin_report(source, {"num_warps": warps}, f"sparse_mla{stages}{design}")
 
@@ -378,9 +377,8 @@ def test_sparse_mla_cubin_keeps_the_design(stages, tmp_path):
     assert "F2FP.F16.E4M3.UNPACK_B" in out  # the codes by the conversion instruction
 
 
-@pytest.mark.parametrize("design", ["specialised", "specialised-convert"])
-def test_warp_specialised_sparse_mla_cubin_keeps_the_design(design, tmp_path):
-    out = _child_build(tmp_path, "sparse_mla", "2", design)
+def test_warp_specialised_sparse_mla_cubin_keeps_the_design(tmp_path):
+    out = _child_build(tmp_path, "sparse_mla", "2", "specialised")
     shared = int(re.search(r"SHARED_BYTES:(\d+)", out).group(1))
     assert shared <= 232448, shared
     spilled = int(re.search(r"STACK:(\d+)", out).group(1))
@@ -394,11 +392,9 @@ def test_warp_specialised_sparse_mla_cubin_keeps_the_design(design, tmp_path):
     assert out.count("HGMMA.64x64x16.F32.BF16") == 36
     assert out.count("HGMMA.64x256x16.F32.BF16 ") == 8 and "tnspB" in out
     assert "LDG.E.128" in out and "STS.128" in out
-    if design == "specialised":  # codes placed in bf16 bits, scaled by the bf16 multiply
-        assert "F2FP.F16.E4M3.UNPACK_B" not in out
-        assert out.count("PRMT") >= 128 and "HMUL2.BF16" in out
-    else:
-        assert "F2FP.F16.E4M3.UNPACK_B" in out
+    # The codes placed in bf16 bits and scaled by the bf16 multiply, no conversions
+    assert "F2FP.F16.E4M3.UNPACK_B" not in out
+    assert out.count("PRMT") >= 128 and "HMUL2.BF16" in out
 
 
 if __name__ == "__main__":
