@@ -2,9 +2,10 @@
 tested on an H200): ``indexer.logits_paged`` over mxfp4 and fp8 index keys
 (:mod:`hwrun_nvidia.gluon_paged_logits`), a call they do not cover (more than one query row a
 request, other queries) going to the Triton kernel; and ``sparse_mla.decode`` over fp8_ds_mla
-rows (:mod:`hwrun_nvidia.gluon_sparse_mla`; tested and conformant on an H100, 1.67x FlashMLA's
-time). A Gluon ragged-logits kernel over fp8 keys was tried (73c15ba) and removed: on an H100
-it took 1.20x DeepGEMM's time where the Triton kernel takes 1.05x (docs/benchmarks.md).
+rows (:mod:`hwrun_nvidia.gluon_sparse_mla`; tested and conformant on an H100, its
+warp-specialised kernel at 1.37x FlashMLA's time). A Gluon ragged-logits kernel over fp8 keys
+was tried (73c15ba) and removed: on an H100 it took 1.20x DeepGEMM's time where the Triton
+kernel takes 1.05x (docs/benchmarks.md).
 Priority 15: above the Triton tier, under DeepGEMM and FlashMLA, which keep what they serve where
 they are installed (DeepGEMM reads no mxfp4).
 
@@ -116,7 +117,7 @@ def register(registry: OpRegistry) -> None:
             graph_safe=True,  # no host reads, allocations by shape only
             validate=_sparse_mla_validate,
             priority=15,
-            description="Gluon (sm_90) sparse MLA decode: fp8_ds_mla tiles decoded once into "
-            "shared memory as bf16, both products on the warpgroup MMA",
+            description="Gluon (sm_90) sparse MLA decode: a producer warpgroup decodes "
+            "fp8_ds_mla tiles into shared memory as bf16 for two warpgroups' MMAs",
         )
     )

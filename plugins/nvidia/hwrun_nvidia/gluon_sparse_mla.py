@@ -1,35 +1,36 @@
-"""sparse_mla.decode as a Gluon kernel for Hopper (sm_90), over fp8_ds_mla latent rows.
+"""sparse_mla.decode as Gluon kernels for Hopper (sm_90), over fp8_ds_mla latent rows.
 
-The Triton kernel (hwrun.kernels.triton.sparse_mla) takes 2.04x FlashMLA's time at B=64, 128
-heads, top-2048 on the H200: Triton keeps the dequantized tile in registers and stages it
-through shared memory for every product, in layouts it chooses. Here, as in FlashMLA's sm_90
-kernel, the tile is dequantized once into shared memory as bf16, in the layout the warpgroup
-MMA reads, and both products read it there:
+The Triton kernel takes 2.2x FlashMLA's time at B=64, 128 heads, top-2048: Triton keeps the
+dequantized tile in registers and stages it through shared memory for every product, in layouts
+it chooses. Here, as in FlashMLA's sm_90 kernel, the tile is decoded once into shared memory as
+bf16, in the layout the warpgroup MMA reads, and both products read it there. A program is
+(row, 64 heads, split); the queries ([64, 576] bf16) stay in shared memory; a tile is 64 top-k
+entries, its rows (656 B: 512 e4m3 codes, four fp32 group scales, 64 bf16 rope values) gathered
+16 bytes at a time and decoded as the format decodes (each code times its group's scale rounded
+to bf16, the product rounded to bf16) into a ring stage ([64, 512] + [64, 64] bf16).
 
-- Program (row, 64 heads, split): two warpgroups (8 warps). The queries ([64, 576] bf16) stay
-  in shared memory for the whole program.
-- A tile is 64 top-k entries. Its fp8_ds_mla rows (656 B: 512 e4m3 codes, four fp32 group
-  scales, 64 bf16 rope values) are gathered by 16-byte loads into registers a tile ahead, then
-  decoded as the format decodes them (each code times its group's scale rounded to bf16, the
-  product rounded to bf16) and stored into a ring stage ([64, 512] + [64, 64] bf16).
-- S = Q K^T is one product over the stage, warps [4, 2]: each warpgroup owns 32 of the tile's
-  entries (no product is computed twice). The online softmax runs on it in base 2; P (bf16)
-  goes to shared memory; O += P V reads the stage's first 512 columns as V, each warpgroup
-  owning 256 of the 512 output columns (a [64, 256] fp32 accumulator: 128 registers a thread).
-- With two stages (the default) the next tile's decode and stores run while this tile's QK
-  product is in flight (async MMA); with one, after its PV product.
+- ``_sparse_mla_decode_ws_kernel`` (the default): three warpgroups, FlashMLA's layout. A
+  producer gathers half a tile ahead and decodes into a free stage by placing each code in a
+  bf16's bits (:data:`PLACED_DECODE_ASM`); a softmax warpgroup
+  computes S = Q K^T over the whole tile, the online softmax (base 2) and O += P V over output
+  columns 0..255; a PV warpgroup O += P V over columns 256..511 with the softmax warpgroup's P
+  (bf16, in shared memory) and rescale. Stages, P and the final normalisation are handed over
+  by mbarriers; each warpgroup's registers are set apart (208 / 168 / 128).
+- ``_sparse_mla_decode_kernel`` (``specialised=False``): two warpgroups doing everything in
+  turn (gather, decode by conversion instructions, QK with each warpgroup owning 32 of the
+  tile's entries, softmax, PV with each owning 256 output columns), the next tile decoded while
+  this tile's QK product is in flight.
 
 With more splits than one, the parts are merged by lse_combine, as the Triton kernel's are.
 Numerics are the Triton kernel's: the same decode, P rounded to bf16, fp32 accumulators.
 
-Built for sm_90 in CI (plugins/nvidia/tests/test_gluon.py). On an H100 (2026-12-06) its GPU
-tests (plugins/nvidia/tests/test_gluon_sparse_mla_gpu.py, 17) passed and `hwrun conformance
---ops sparse_mla.decode` with HWRUN_GLUON=1 and no FlashMLA was conformant (51 run, 51 passed).
-Time at B=64, 128 heads, top-2048 of 262,144 tokens: 157.0 us against FlashMLA's 94.3 (1.67x;
-Triton 206.1, 2.19x); at B=1 40.0 us against 16.9 (2.36x; Triton 32.1). ncu at B=64: one
-program a multiprocessor (255 registers, 230 KB of shared memory: 2 warps a scheduler), issue
-slots 28% busy, the tensor pipe 23%, 6.6 cycles a warp between instructions: latency-bound,
-each warpgroup's gather, decode, products and softmax run one after another.
+Built for sm_90 in CI (plugins/nvidia/tests/test_gluon.py). On an H100 (2026-12-07) both
+kernels passed their GPU tests (plugins/nvidia/tests/test_gluon_sparse_mla_gpu.py) and
+`hwrun conformance --ops sparse_mla.decode` with HWRUN_GLUON=1 and no FlashMLA was conformant
+(51 run, 51 passed). Time at B=64, 128 heads, top-2048 of 262,144 tokens: the warp-specialised
+kernel 128.3 us against FlashMLA's 93.3 (1.37x; the serial one 156.2, Triton 205.7); at B=1
+with 16 splits 18.6 us against 17.4 (1.07x). ncu of it at B=64: 45% of its stall cycles waited
+on the producer's gathers, half a tile ahead (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -285,7 +286,7 @@ def _sparse_mla_decode_kernel(
 
 
 # The warp-specialised kernel's layouts: each partition is one warpgroup (4 warps).
-PART = gl.constexpr(16)  # entries the producer gathers at once: a quarter tile
+HALF = gl.constexpr(32)  # entries the producer gathers at once: half a tile
 S_WG_LAYOUT = gl.constexpr(
     gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
 )
@@ -293,16 +294,44 @@ O_WG_LAYOUT = gl.constexpr(
     gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
 )
 WORDS_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]))
-# A part's codes [rows, group, word]: a warp a row (its 512 bytes, 16 a thread)
-CODES_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1, 4], [1, 4, 8], [4, 1, 1], [2, 1, 0]))
 Q_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 ROW_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
 # Registers a thread of the PV warpgroup (its [64, 256] fp32 accumulator is 128) and of the
-# producer (a tile of rows in flight, 96); the softmax warpgroup has the rest (200). Of the
-# splits tried in the sm_90 build, the one that spills least (40 bytes a thread).
-PV_REGS = gl.constexpr(160)
-PRODUCER_REGS = gl.constexpr(144)
-WORDS_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+# producer (two half tiles of words in flight, 96); the softmax warpgroup has the rest.
+PV_REGS = gl.constexpr(168)
+PRODUCER_REGS = gl.constexpr(128)
+
+
+@gluon.jit
+def _gather_rows(cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride,
+                 ROWS: gl.constexpr, LAYOUT: gl.constexpr):  # fmt: skip
+    """Entries start .. start+ROWS-1's rows as stored, as :func:`_gather` ([ROWS, 32] words
+    in ``LAYOUT``), as one tuple."""
+    j = start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
+    slot = gl.load(slot_row + j, mask=j < hi, other=-1)
+    valid = slot >= 0
+    safe = gl.where(valid, slot, 0).to(gl.int64)
+    offs = (safe // block_size) * block_stride + (safe % block_size) * row_stride
+    if HAS_MULTIPLE_OF:  # noqa: SIM108 (constexpr branches as statements, as the jit reads them)
+        rows = cache_ptr + gl.multiple_of(offs, 16)
+    else:
+        rows = cache_ptr + offs
+    words = gl.expand_dims(rows.to(gl.pointer_type(gl.int32)), 1) + gl.expand_dims(
+        gl.arange(0, 32, layout=gl.SliceLayout(0, LAYOUT)), 0
+    )
+    live = gl.expand_dims(valid, 1)
+    w0 = gl.load(words, mask=live, other=0)
+    w1 = gl.load(words + GROUP // 4, mask=live, other=0)
+    w2 = gl.load(words + 2 * GROUP // 4, mask=live, other=0)
+    w3 = gl.load(words + 3 * GROUP // 4, mask=live, other=0)
+    rope = gl.load(words + (NOPE + 16) // 4, mask=live, other=0)
+    scales = (rows + NOPE).to(gl.pointer_type(gl.float32))
+    s0 = gl.load(scales, mask=valid, other=0.0)
+    s1 = gl.load(scales + 1, mask=valid, other=0.0)
+    s2 = gl.load(scales + 2, mask=valid, other=0.0)
+    s3 = gl.load(scales + 3, mask=valid, other=0.0)
+    return (w0, w1, w2, w3, s0, s1, s2, s3, rope)
+
 
 # $2: four e4m3 codes (element i in byte i); $3: the group's scale rounded to bf16, in both
 # halves; $0 / $1: elements 0, 1 / 2, 3 decoded, as bf16 pairs (first low). Each code is placed
@@ -330,6 +359,36 @@ mul.rn.bf16x2 $1, b, $3;
 
 
 @gluon.jit
+def _placed_words(words, scale):
+    """A group's codes ([n, 32] int32 words) decoded by :data:`PLACED_DECODE_ASM`: [n, 64]
+    int32 words of bf16 pairs in element order."""
+    half = scale.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    pair = gl.expand_dims(half | (half << 16), 1) + gl.zeros_like(words)
+    first, second = gl.inline_asm_elementwise(
+        PLACED_DECODE_ASM, "=r,=r,r,r", [words, pair], dtype=(gl.int32, gl.int32),
+        is_pure=True, pack=1,
+    )  # fmt: skip
+    return gl.reshape(gl.join(first, second), [words.shape[0], 2 * words.shape[1]])
+
+
+@gluon.jit
+def _store_placed(k_words, k_rope, rows):
+    """Gathered rows (a :func:`_gather_rows` tuple), decoded, into a stage's rows: k_words
+    [n, 256] (the NoPE values' bf16 pairs, as int32) and k_rope [n, 64]."""
+    k_words.slice(0, GROUP // 2, dim=1).store(_placed_words(rows[0], rows[4]))
+    k_words.slice(GROUP // 2, GROUP // 2, dim=1).store(_placed_words(rows[1], rows[5]))
+    k_words.slice(GROUP, GROUP // 2, dim=1).store(_placed_words(rows[2], rows[6]))
+    k_words.slice(3 * GROUP // 2, GROUP // 2, dim=1).store(_placed_words(rows[3], rows[7]))
+    words = rows[8]
+    low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    k_rope.store(gl.reshape(gl.join(low, high), [words.shape[0], ROPE]))
+
+
+WORDS_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+
+
+@gluon.jit
 def _as_words(k_nope):
     """A stage's bf16 [64, 512] as int32 [64, 256] (same bytes: both layouts swizzle 16-byte
     chunks of 128-byte rows)."""
@@ -345,100 +404,31 @@ def _tile_count(lo, hi):
 
 
 @gluon.jit
-def _row_offsets(slot_row, start, hi, block_size, block_stride, row_stride, layout: gl.constexpr):
-    """Byte offsets of entries start .. start+PART-1's rows (0 where invalid or past ``hi``),
-    and which are valid, in ``layout``."""
-    j = start + gl.arange(0, PART, layout=layout)
-    slot = gl.load(slot_row + j, mask=j < hi, other=-1)
-    valid = slot >= 0
-    safe = gl.where(valid, slot, 0).to(gl.int64)
-    offs = (safe // block_size) * block_stride + (safe % block_size) * row_stride
-    if HAS_MULTIPLE_OF:
-        offs = gl.multiple_of(offs, 16)
-    return offs, valid
-
-
-@gluon.jit
-def _gather_part(cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride):
-    """Entries start .. start+PART-1's rows as stored (zeros for invalid ones): the codes as
-    int32 words [PART, 4 groups, 32] (a warp reading a row's 512 bytes), the groups' scales
-    [PART, 4] and the rope values' words [PART, 32]."""
-    group_rows: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, CODES_WG_LAYOUT))
-    offs, valid = _row_offsets(
-        slot_row, start, hi, block_size, block_stride, row_stride, group_rows
-    )
-    rows = gl.expand_dims(cache_ptr + offs, 1)  # [PART, 1]
-    groups = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, CODES_WG_LAYOUT)))
-    live = gl.expand_dims(valid, 1)
-    scales = gl.load(
-        (rows + NOPE).to(gl.pointer_type(gl.float32)) + gl.expand_dims(groups, 0),
-        mask=live, other=0.0,
-    )  # fmt: skip
-    words = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(0, CODES_WG_LAYOUT)))
-    code_words = gl.expand_dims(
-        rows.to(gl.pointer_type(gl.int32)) + gl.expand_dims(groups, 0) * (GROUP // 4), 2
-    ) + gl.expand_dims(gl.expand_dims(words, 0), 0)
-    codes = gl.load(code_words, mask=gl.expand_dims(live, 2), other=0)
-
-    rope_rows: gl.constexpr = gl.SliceLayout(1, WORDS_WG_LAYOUT)
-    offs, valid = _row_offsets(slot_row, start, hi, block_size, block_stride, row_stride, rope_rows)
-    rope_words = gl.expand_dims((cache_ptr + offs + NOPE + 16).to(gl.pointer_type(gl.int32)), 1)
-    rope_words = rope_words + gl.expand_dims(
-        gl.arange(0, 32, layout=gl.SliceLayout(0, WORDS_WG_LAYOUT)), 0
-    )
-    rope = gl.load(rope_words, mask=gl.expand_dims(valid, 1), other=0)
-    return (codes, scales, rope)
-
-
-@gluon.jit
-def _store_part(k_words, k_rope, part):
-    """A gathered part (:func:`_gather_part`), decoded, into a stage's rows: k_words [PART,
-    256] (the NoPE values' bf16 pairs as int32, one store) and k_rope [PART, 64]."""
-    codes = part[0]
-    half = part[1].to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-    pair = gl.expand_dims(half | (half << 16), 2) + gl.zeros_like(codes)
-    first, second = gl.inline_asm_elementwise(
-        PLACED_DECODE_ASM, "=r,=r,r,r", [codes, pair], dtype=(gl.int32, gl.int32),
-        is_pure=True, pack=1,
-    )  # fmt: skip
-    k_words.store(gl.reshape(gl.join(first, second), [PART, NOPE // 2]))
-    words = part[2]
-    low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    k_rope.store(gl.reshape(gl.join(low, high), [PART, ROPE]))
-
-
-@gluon.jit
 def _ws_producer(cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride,
                  k_nope, k_rope, k_ready, k_free, STAGES: gl.constexpr):  # fmt: skip
-    """The producer warpgroup: each tile's rows gathered in four parts of 16, a tile ahead
-    (ncu at half a tile ahead: 45% of the kernel's stall cycles waited on these loads),
-    decoded into a free ring stage, and the stage handed to the consumers."""
-    p0 = _gather_part(cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride)
-    p1 = _gather_part(cache_ptr, slot_row, lo + PART, hi, block_size, block_stride, row_stride)
-    p2 = _gather_part(cache_ptr, slot_row, lo + 2 * PART, hi, block_size, block_stride, row_stride)
+    """The producer warpgroup: each tile's rows gathered (half a tile ahead, so that a half's
+    loads are in flight while the one before it is decoded), decoded into a free ring stage,
+    and the stage handed to the consumers."""
+    half = _gather_rows(
+        cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride, HALF, WORDS_WG_LAYOUT
+    )
     for t in range(_tile_count(lo, hi)):
         stage = t % STAGES
         start = lo + t * BLOCK_N
-        p3 = _gather_part(
-            cache_ptr, slot_row, start + 3 * PART, hi, block_size, block_stride, row_stride
-        )
+        second = _gather_rows(
+            cache_ptr, slot_row, start + HALF, hi, block_size, block_stride, row_stride, HALF,
+            WORDS_WG_LAYOUT,
+        )  # fmt: skip
         mbarrier.wait(k_free.index(stage), (t // STAGES) & 1 ^ 1)
-        words = _as_words(k_nope.index(stage))
+        nope = k_nope.index(stage)
         rope = k_rope.index(stage)
-        _store_part(words.slice(0, PART, dim=0), rope.slice(0, PART, dim=0), p0)
-        p0 = _gather_part(
-            cache_ptr, slot_row, start + 4 * PART, hi, block_size, block_stride, row_stride
-        )
-        _store_part(words.slice(PART, PART, dim=0), rope.slice(PART, PART, dim=0), p1)
-        p1 = _gather_part(
-            cache_ptr, slot_row, start + 5 * PART, hi, block_size, block_stride, row_stride
-        )
-        _store_part(words.slice(2 * PART, PART, dim=0), rope.slice(2 * PART, PART, dim=0), p2)
-        p2 = _gather_part(
-            cache_ptr, slot_row, start + 6 * PART, hi, block_size, block_stride, row_stride
-        )
-        _store_part(words.slice(3 * PART, PART, dim=0), rope.slice(3 * PART, PART, dim=0), p3)
+        nope_words = _as_words(nope)
+        _store_placed(nope_words.slice(0, HALF, dim=0), rope.slice(0, HALF, dim=0), half)
+        half = _gather_rows(
+            cache_ptr, slot_row, start + BLOCK_N, hi, block_size, block_stride, row_stride,
+            HALF, WORDS_WG_LAYOUT,
+        )  # fmt: skip
+        _store_placed(nope_words.slice(HALF, HALF, dim=0), rope.slice(HALF, HALF, dim=0), second)
         fence_async_shared()  # this warpgroup's stores before the MMAs' async-proxy reads
         _cta_barrier()  # every warp's, before the one arrival
         mbarrier.arrive(k_ready.index(stage))
