@@ -96,217 +96,11 @@ def _queries(q_ptr, r, hb, H):
 
 
 @gluon.jit
-def _gather(cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride):
-    """Entries start .. start+63's rows as stored (zeros for invalid entries and those past
-    ``hi``): the four groups' codes and the rope values ([64, 32] int32 words each) and the
-    groups' scales ([64] fp32 each)."""
-    j = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_LAYOUT))
-    slot = gl.load(slot_row + j, mask=j < hi, other=-1)
-    valid = slot >= 0
-    safe = gl.where(valid, slot, 0).to(gl.int64)
-    offs = (safe // block_size) * block_stride + (safe % block_size) * row_stride
-    if HAS_MULTIPLE_OF:  # noqa: SIM108 (constexpr branches as statements, as the jit reads them)
-        rows = cache_ptr + gl.multiple_of(offs, 16)
-    else:
-        rows = cache_ptr + offs
-    words = gl.expand_dims(rows.to(gl.pointer_type(gl.int32)), 1) + gl.expand_dims(
-        gl.arange(0, 32, layout=gl.SliceLayout(0, WORDS_LAYOUT)), 0
-    )
-    live = gl.expand_dims(valid, 1)
-    w0 = gl.load(words, mask=live, other=0)
-    w1 = gl.load(words + GROUP // 4, mask=live, other=0)
-    w2 = gl.load(words + 2 * GROUP // 4, mask=live, other=0)
-    w3 = gl.load(words + 3 * GROUP // 4, mask=live, other=0)
-    rope = gl.load(words + (NOPE + 16) // 4, mask=live, other=0)
-    scales = (rows + NOPE).to(gl.pointer_type(gl.float32))
-    s0 = gl.load(scales, mask=valid, other=0.0)
-    s1 = gl.load(scales + 1, mask=valid, other=0.0)
-    s2 = gl.load(scales + 2, mask=valid, other=0.0)
-    s3 = gl.load(scales + 3, mask=valid, other=0.0)
-    return w0, w1, w2, w3, s0, s1, s2, s3, rope
-
-
-@gluon.jit
-def _code_byte(words, i: gl.constexpr, scale):
-    """Byte i of each word, an e4m3 code, times its row's ``scale`` (fp32, bf16-rounded) as
-    fp8_ds_mla decodes it: the product rounded to bf16."""
-    code = ((words >> (8 * i)) & 0xFF).to(gl.uint8).to(gl.float8e4nv, bitcast=True)
-    return (code.to(gl.float32) * scale).to(gl.bfloat16)
-
-
-@gluon.jit
-def _decoded(words, scale):
-    """A group's codes ([64, 32] int32 words, four codes each, first code lowest) decoded:
-    [64, 128] bf16 in element order."""
-    rounded = gl.expand_dims(scale.to(gl.bfloat16).to(gl.float32), 1)
-    b0 = _code_byte(words, 0, rounded)
-    b1 = _code_byte(words, 1, rounded)
-    b2 = _code_byte(words, 2, rounded)
-    b3 = _code_byte(words, 3, rounded)
-    # [64, 32, a, o] = byte 2a + o of word (row, column): element 4 * column + 2a + o
-    return gl.reshape(gl.join(gl.join(b0, b2), gl.join(b1, b3)), [BLOCK_N, GROUP])
-
-
-@gluon.jit
-def _rope_values(words):
-    """The rope values ([64, 32] int32 words, two bf16 each, first lowest) as [64, 64] bf16."""
-    low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    return gl.reshape(gl.join(low, high), [BLOCK_N, ROPE])
-
-
-@gluon.jit
-def _store_tile(k_nope, k_rope, w0, w1, w2, w3, s0, s1, s2, s3, rope):
-    """A gathered tile, decoded, into a ring stage (k_nope [64, 512], k_rope [64, 64])."""
-    k_nope.slice(0, GROUP, dim=1).store(_decoded(w0, s0))
-    k_nope.slice(GROUP, GROUP, dim=1).store(_decoded(w1, s1))
-    k_nope.slice(2 * GROUP, GROUP, dim=1).store(_decoded(w2, s2))
-    k_nope.slice(3 * GROUP, GROUP, dim=1).store(_decoded(w3, s3))
-    k_rope.store(_rope_values(rope))
-
-
-@gluon.jit
-def _sparse_mla_decode_kernel(
-    q_ptr,  # [R, H, 576] bfloat16
-    cache_ptr,  # uint8 fp8_ds_mla rows, block stride and row stride below
-    slots_ptr,  # [R, k] int32, -1 invalid
-    lens_ptr,  # [R] int32 (unused without HAS_LENS)
-    sink_ptr,  # [H] float32 (unused without HAS_SINK)
-    part_out_ptr,  # [SPLITS, R, H, 512] float32, or the final [R, H, 512] output
-    part_lse_ptr,  # [SPLITS, R, H] float32, natural log
-    k,
-    H,
-    chunk,  # entries per split, a multiple of 64
-    block_size,
-    cache_block_stride,
-    cache_row_stride,
-    scale_log2,  # softmax_scale * log2(e)
-    HAS_LENS: gl.constexpr,
-    HAS_SINK: gl.constexpr,
-    STAGES: gl.constexpr,  # 2: the next tile decoded while this tile's QK runs; 1: after PV
-):
-    gl.static_assert(gl.num_warps() == 8, "two warpgroups")
-    gl.static_assert(STAGES == 1 or STAGES == 2, "one or two ring stages")
-    r = gl.program_id(0).to(gl.int64)
-    hb = gl.program_id(1)
-    split = gl.program_id(2)
-    R = gl.num_programs(0)
-    rows_layout: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-    entries_layout: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
-    out_rows_layout: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-
-    limit = k
-    if HAS_LENS:
-        limit = gl.minimum(gl.load(lens_ptr + r), k)
-    lo = split * chunk
-    hi = gl.minimum(lo + chunk, limit)
-    slot_row = slots_ptr + r * k
-
-    q_nope, q_rope = _queries(q_ptr, r, hb, H)
-    k_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, NOPE], BF16_OPERAND_SMEM)
-    k_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, ROPE], BF16_OPERAND_SMEM)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], BF16_OPERAND_SMEM)
-
-    w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
-        cache_ptr, slot_row, lo, hi, block_size, cache_block_stride, cache_row_stride
-    )
-    _store_tile(k_nope.index(0), k_rope.index(0), w0, w1, w2, w3, s0, s1, s2, s3, rope)
-    w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
-        cache_ptr, slot_row, lo + BLOCK_N, hi, block_size, cache_block_stride, cache_row_stride
-    )
-
-    m_i = gl.full([HEADS], float("-inf"), gl.float32, rows_layout)
-    l_i = gl.zeros([HEADS], gl.float32, rows_layout)
-    o = gl.zeros([HEADS, NOPE], gl.float32, O_LAYOUT)
-    for start in range(lo, hi, BLOCK_N):
-        stage = (start - lo) // BLOCK_N % STAGES
-        k_stage = k_nope.index(stage)
-        # Every thread's stores into this stage before the MMA's async-proxy reads, and (two
-        # stages) every warpgroup's PV product of the last tile done before the stores below
-        # overwrite the stage it read.
-        fence_async_shared()
-        _cta_barrier()
-        zero = gl.zeros([HEADS, BLOCK_N], gl.float32, S_LAYOUT)
-        pending = warpgroup_mma(q_nope, k_stage.permute((1, 0)), zero, use_acc=False, is_async=True)
-        pending = warpgroup_mma(q_rope, k_rope.index(stage).permute((1, 0)), pending, is_async=True)
-        if STAGES == 2:
-            other = 1 - stage
-            _store_tile(
-                k_nope.index(other), k_rope.index(other), w0, w1, w2, w3, s0, s1, s2, s3, rope
-            )
-            w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
-                cache_ptr, slot_row, start + 2 * BLOCK_N, hi, block_size, cache_block_stride,
-                cache_row_stride,
-            )  # fmt: skip
-        scores = _mma_result(pending)
-
-        j = start + gl.arange(0, BLOCK_N, layout=entries_layout)
-        valid = gl.load(slot_row + j, mask=j < hi, other=-1) >= 0
-        scores = gl.where(gl.expand_dims(valid, 0), scores * scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(scores, axis=1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(scores - gl.expand_dims(m_safe, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        p_smem.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        _cta_barrier()
-        o = o * gl.expand_dims(gl.convert_layout(alpha, out_rows_layout), 1)
-        o = warpgroup_mma(p_smem, k_stage, o)
-        if STAGES == 1:
-            _cta_barrier()  # every warpgroup's reads of the stage done
-            _store_tile(k_nope.index(0), k_rope.index(0), w0, w1, w2, w3, s0, s1, s2, s3, rope)
-            w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
-                cache_ptr, slot_row, start + 2 * BLOCK_N, hi, block_size, cache_block_stride,
-                cache_row_stride,
-            )  # fmt: skip
-
-    heads = hb * HEADS + gl.arange(0, HEADS, layout=out_rows_layout)
-    h_mask = heads < H
-    l_o = gl.convert_layout(l_i, out_rows_layout)
-    m_o = gl.convert_layout(m_i, out_rows_layout)
-    empty = l_o == 0.0
-    inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_o))
-    lse = gl.where(empty, float("-inf"), (m_o + gl.log2(gl.where(empty, 1.0, l_o))) * LN2)
-    if HAS_SINK:
-        # Only when the kernel writes the final output (one split); else lse_combine does it.
-        sink = gl.load(sink_ptr + heads, mask=h_mask, other=0.0)
-        inv = inv * gl.where(empty, 0.0, 1.0 / (1.0 + gl.exp(sink - gl.where(empty, 0.0, lse))))
-    part = split * R + r
-    gl.store(part_lse_ptr + part * H + heads, lse, mask=h_mask)
-    cols = gl.arange(0, NOPE, layout=gl.SliceLayout(0, O_LAYOUT))
-    out_rows = part_out_ptr + gl.expand_dims((part * H + heads) * NOPE, 1)
-    out = o * gl.expand_dims(inv, 1)
-    gl.store(
-        out_rows + gl.expand_dims(cols, 0),
-        out.to(part_out_ptr.dtype.element_ty),
-        mask=gl.expand_dims(h_mask, 1),
-    )
-
-
-# The warp-specialised kernel's layouts: each partition is one warpgroup (4 warps).
-HALF = gl.constexpr(32)  # entries the producer gathers at once: half a tile
-S_WG_LAYOUT = gl.constexpr(
-    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-)
-O_WG_LAYOUT = gl.constexpr(
-    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-)
-WORDS_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]))
-Q_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
-ROW_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
-# Registers a thread of the PV warpgroup (its [64, 256] fp32 accumulator is 128) and of the
-# producer (two half tiles of words in flight, 96); the softmax warpgroup has the rest.
-PV_REGS = gl.constexpr(168)
-PRODUCER_REGS = gl.constexpr(128)
-
-
-@gluon.jit
 def _gather_rows(cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride,
                  ROWS: gl.constexpr, LAYOUT: gl.constexpr):  # fmt: skip
-    """Entries start .. start+ROWS-1's rows as stored, as :func:`_gather` ([ROWS, 32] words
-    in ``LAYOUT``), as one tuple."""
+    """Entries start .. start+ROWS-1's rows as stored (zeros for invalid entries and those past
+    ``hi``), as one tuple: the four groups' codes and the rope values ([ROWS, 32] int32 words
+    each, in ``LAYOUT``) and the groups' scales ([ROWS] fp32 each) (w0..w3, s0..s3, rope)."""
     j = start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
     slot = gl.load(slot_row + j, mask=j < hi, other=-1)
     valid = slot >= 0
@@ -356,6 +150,214 @@ mul.rn.bf16x2 $0, a, $3;
 mul.rn.bf16x2 $1, b, $3;
 }
 """)
+
+
+@gluon.jit
+def _gather(cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride):
+    """Entries start .. start+63's rows as stored (zeros for invalid entries and those past
+    ``hi``): the four groups' codes and the rope values ([64, 32] int32 words each) and the
+    groups' scales ([64] fp32 each)."""
+    return _gather_rows(
+        cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride, BLOCK_N,
+        WORDS_LAYOUT,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _code_byte(words, i: gl.constexpr, scale):
+    """Byte i of each word, an e4m3 code, times its row's ``scale`` (fp32, bf16-rounded) as
+    fp8_ds_mla decodes it: the product rounded to bf16."""
+    code = ((words >> (8 * i)) & 0xFF).to(gl.uint8).to(gl.float8e4nv, bitcast=True)
+    return (code.to(gl.float32) * scale).to(gl.bfloat16)
+
+
+@gluon.jit
+def _decoded(words, scale):
+    """A group's codes ([64, 32] int32 words, four codes each, first code lowest) decoded:
+    [64, 128] bf16 in element order."""
+    rounded = gl.expand_dims(scale.to(gl.bfloat16).to(gl.float32), 1)
+    b0 = _code_byte(words, 0, rounded)
+    b1 = _code_byte(words, 1, rounded)
+    b2 = _code_byte(words, 2, rounded)
+    b3 = _code_byte(words, 3, rounded)
+    # [64, 32, a, o] = byte 2a + o of word (row, column): element 4 * column + 2a + o
+    return gl.reshape(gl.join(gl.join(b0, b2), gl.join(b1, b3)), [BLOCK_N, GROUP])
+
+
+@gluon.jit
+def _rope_values(words):
+    """The rope values ([64, 32] int32 words, two bf16 each, first lowest) as [64, 64] bf16."""
+    low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    return gl.reshape(gl.join(low, high), [BLOCK_N, ROPE])
+
+
+@gluon.jit
+def _store_tile(k_nope, k_rope, w0, w1, w2, w3, s0, s1, s2, s3, rope):
+    """A gathered tile, decoded, into a ring stage (k_nope [64, 512], k_rope [64, 64])."""
+    k_nope.slice(0, GROUP, dim=1).store(_decoded(w0, s0))
+    k_nope.slice(GROUP, GROUP, dim=1).store(_decoded(w1, s1))
+    k_nope.slice(2 * GROUP, GROUP, dim=1).store(_decoded(w2, s2))
+    k_nope.slice(3 * GROUP, GROUP, dim=1).store(_decoded(w3, s3))
+    k_rope.store(_rope_values(rope))
+
+
+@gluon.jit
+def _span(r, split, slots_ptr, lens_ptr, k, chunk, HAS_LENS: gl.constexpr):
+    """The entries lo .. hi-1 of row r's top-k list that part ``split`` attends (each part
+    ``chunk`` long, none past the row's length), and the row's slots."""
+    limit = k
+    if HAS_LENS:
+        limit = gl.minimum(gl.load(lens_ptr + r), k)
+    lo = split * chunk
+    return lo, gl.minimum(lo + chunk, limit), slots_ptr + r * k
+
+
+@gluon.jit
+def _online_softmax(scores, valid, scale_log2, m_i, l_i):
+    """A tile's step of the online softmax in base 2: P (invalid entries 0), the rescale of
+    what came before, the new running maximum and sum."""
+    scores = gl.where(gl.expand_dims(valid, 0), scores * scale_log2, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(scores - gl.expand_dims(m_safe, 1))
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _normalisation(l_i, m_i, hb, H, sink_ptr, HAS_SINK: gl.constexpr, layout: gl.constexpr):
+    """Heads hb*64 .. hb*64+63 in ``layout`` and which exist, their 1 / sum (0 for a row with
+    no valid entry) and natural-log LSE (-inf there) from the online softmax's sum and base-2
+    maximum; with HAS_SINK (only where the kernel writes the final output, one split; else
+    lse_combine does it) the sink's share taken out."""
+    heads = hb * HEADS + gl.arange(0, HEADS, layout=layout)
+    h_mask = heads < H
+    l_o = gl.convert_layout(l_i, layout)
+    m_o = gl.convert_layout(m_i, layout)
+    empty = l_o == 0.0
+    inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_o))
+    lse = gl.where(empty, float("-inf"), (m_o + gl.log2(gl.where(empty, 1.0, l_o))) * LN2)
+    if HAS_SINK:
+        sink = gl.load(sink_ptr + heads, mask=h_mask, other=0.0)
+        inv = inv * gl.where(empty, 0.0, 1.0 / (1.0 + gl.exp(sink - gl.where(empty, 0.0, lse))))
+    return heads, h_mask, inv, lse
+
+
+@gluon.jit
+def _sparse_mla_decode_kernel(
+    q_ptr,  # [R, H, 576] bfloat16
+    cache_ptr,  # uint8 fp8_ds_mla rows, block stride and row stride below
+    slots_ptr,  # [R, k] int32, -1 invalid
+    lens_ptr,  # [R] int32 (unused without HAS_LENS)
+    sink_ptr,  # [H] float32 (unused without HAS_SINK)
+    part_out_ptr,  # [SPLITS, R, H, 512] float32, or the final [R, H, 512] output
+    part_lse_ptr,  # [SPLITS, R, H] float32, natural log
+    k,
+    H,
+    chunk,  # entries per split, a multiple of 64
+    block_size,
+    cache_block_stride,
+    cache_row_stride,
+    scale_log2,  # softmax_scale * log2(e)
+    HAS_LENS: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    STAGES: gl.constexpr,  # 2: the next tile decoded while this tile's QK runs; 1: after PV
+):
+    gl.static_assert(gl.num_warps() == 8, "two warpgroups")
+    gl.static_assert(STAGES == 1 or STAGES == 2, "one or two ring stages")
+    r = gl.program_id(0).to(gl.int64)
+    hb = gl.program_id(1)
+    split = gl.program_id(2)
+    R = gl.num_programs(0)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    entries_layout: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
+    out_rows_layout: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+
+    lo, hi, slot_row = _span(r, split, slots_ptr, lens_ptr, k, chunk, HAS_LENS)
+
+    q_nope, q_rope = _queries(q_ptr, r, hb, H)
+    k_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, NOPE], BF16_OPERAND_SMEM)
+    k_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, ROPE], BF16_OPERAND_SMEM)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], BF16_OPERAND_SMEM)
+
+    w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
+        cache_ptr, slot_row, lo, hi, block_size, cache_block_stride, cache_row_stride
+    )
+    _store_tile(k_nope.index(0), k_rope.index(0), w0, w1, w2, w3, s0, s1, s2, s3, rope)
+    w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
+        cache_ptr, slot_row, lo + BLOCK_N, hi, block_size, cache_block_stride, cache_row_stride
+    )
+
+    m_i = gl.full([HEADS], float("-inf"), gl.float32, rows_layout)
+    l_i = gl.zeros([HEADS], gl.float32, rows_layout)
+    o = gl.zeros([HEADS, NOPE], gl.float32, O_LAYOUT)
+    for start in range(lo, hi, BLOCK_N):
+        stage = (start - lo) // BLOCK_N % STAGES
+        k_stage = k_nope.index(stage)
+        # Every thread's stores into this stage before the MMA's async-proxy reads, and (two
+        # stages) every warpgroup's PV product of the last tile done before the stores below
+        # overwrite the stage it read.
+        fence_async_shared()
+        _cta_barrier()
+        zero = gl.zeros([HEADS, BLOCK_N], gl.float32, S_LAYOUT)
+        pending = warpgroup_mma(q_nope, k_stage.permute((1, 0)), zero, use_acc=False, is_async=True)
+        pending = warpgroup_mma(q_rope, k_rope.index(stage).permute((1, 0)), pending, is_async=True)
+        if STAGES == 2:
+            other = 1 - stage
+            _store_tile(
+                k_nope.index(other), k_rope.index(other), w0, w1, w2, w3, s0, s1, s2, s3, rope
+            )
+            w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
+                cache_ptr, slot_row, start + 2 * BLOCK_N, hi, block_size, cache_block_stride,
+                cache_row_stride,
+            )  # fmt: skip
+        scores = _mma_result(pending)
+
+        j = start + gl.arange(0, BLOCK_N, layout=entries_layout)
+        valid = gl.load(slot_row + j, mask=j < hi, other=-1) >= 0
+        p, alpha, m_i, l_i = _online_softmax(scores, valid, scale_log2, m_i, l_i)
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _cta_barrier()
+        o = o * gl.expand_dims(gl.convert_layout(alpha, out_rows_layout), 1)
+        o = warpgroup_mma(p_smem, k_stage, o)
+        if STAGES == 1:
+            _cta_barrier()  # every warpgroup's reads of the stage done
+            _store_tile(k_nope.index(0), k_rope.index(0), w0, w1, w2, w3, s0, s1, s2, s3, rope)
+            w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
+                cache_ptr, slot_row, start + 2 * BLOCK_N, hi, block_size, cache_block_stride,
+                cache_row_stride,
+            )  # fmt: skip
+
+    heads, h_mask, inv, lse = _normalisation(l_i, m_i, hb, H, sink_ptr, HAS_SINK, out_rows_layout)
+    part = split * R + r
+    gl.store(part_lse_ptr + part * H + heads, lse, mask=h_mask)
+    cols = gl.arange(0, NOPE, layout=gl.SliceLayout(0, O_LAYOUT))
+    out_rows = part_out_ptr + gl.expand_dims((part * H + heads) * NOPE, 1)
+    out = o * gl.expand_dims(inv, 1)
+    gl.store(
+        out_rows + gl.expand_dims(cols, 0),
+        out.to(part_out_ptr.dtype.element_ty),
+        mask=gl.expand_dims(h_mask, 1),
+    )
+
+
+# The warp-specialised kernel's layouts: each partition is one warpgroup (4 warps).
+HALF = gl.constexpr(32)  # entries the producer gathers at once: half a tile
+S_WG_LAYOUT = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+)
+O_WG_LAYOUT = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+)
+WORDS_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]))
+Q_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+ROW_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
+# Registers a thread of the PV warpgroup (its [64, 256] fp32 accumulator is 128) and of the
+# producer (two half tiles of words in flight, 96); the softmax warpgroup has the rest.
+PV_REGS = gl.constexpr(168)
+PRODUCER_REGS = gl.constexpr(128)
 
 
 @gluon.jit
@@ -474,13 +476,7 @@ def _ws_softmax(q_nope, q_rope, k_nope, k_rope, p_smem, alpha_smem, inv_smem,
         j = lo + t * BLOCK_N + gl.arange(0, BLOCK_N, layout=entries_layout)
         valid = gl.load(slot_row + j, mask=j < hi, other=-1) >= 0
         scores = _mma_result(pending)
-        scores = gl.where(gl.expand_dims(valid, 0), scores * scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(scores, axis=1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(scores - gl.expand_dims(m_safe, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax(scores, valid, scale_log2, m_i, l_i)
         mbarrier.wait(p_free, t & 1 ^ 1)  # the PV warpgroup done with the last tile's P
         p_smem.store(p.to(gl.bfloat16))
         alpha_smem.store(alpha)
@@ -492,16 +488,7 @@ def _ws_softmax(q_nope, q_rope, k_nope, k_rope, p_smem, alpha_smem, inv_smem,
         _cta_barrier()  # every warp's part of the product done reading the stage
         mbarrier.arrive(k_free.index(stage))
 
-    heads = hb * HEADS + gl.arange(0, HEADS, layout=out_rows_layout)
-    h_mask = heads < H
-    l_o = gl.convert_layout(l_i, out_rows_layout)
-    m_o = gl.convert_layout(m_i, out_rows_layout)
-    empty = l_o == 0.0
-    inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_o))
-    lse = gl.where(empty, float("-inf"), (m_o + gl.log2(gl.where(empty, 1.0, l_o))) * LN2)
-    if HAS_SINK:
-        sink = gl.load(sink_ptr + heads, mask=h_mask, other=0.0)
-        inv = inv * gl.where(empty, 0.0, 1.0 / (1.0 + gl.exp(sink - gl.where(empty, 0.0, lse))))
+    heads, h_mask, inv, lse = _normalisation(l_i, m_i, hb, H, sink_ptr, HAS_SINK, out_rows_layout)
     inv_smem.store(inv)
     _cta_barrier()
     mbarrier.arrive(done)
@@ -543,12 +530,7 @@ def _sparse_mla_decode_ws_kernel(
     r = gl.program_id(0).to(gl.int64)
     hb = gl.program_id(1)
     split = gl.program_id(2)
-    limit = k
-    if HAS_LENS:
-        limit = gl.minimum(gl.load(lens_ptr + r), k)
-    lo = split * chunk
-    hi = gl.minimum(lo + chunk, limit)
-    slot_row = slots_ptr + r * k
+    lo, hi, slot_row = _span(r, split, slots_ptr, lens_ptr, k, chunk, HAS_LENS)
     part = split * gl.num_programs(0) + r
 
     heads = hb * HEADS + gl.arange(0, HEADS, layout=gl.SliceLayout(1, Q_WG_LAYOUT))
