@@ -249,13 +249,20 @@ def _packed_word_offsets():
 
 
 @gluon.jit
+def _reinterpreted(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    """``smem``'s bytes as a ``dtype`` buffer of ``shape`` in ``layout`` (the method's name
+    differs between Gluon 3.6 and 3.9)."""
+    if GLUON_39:
+        return smem.reinterpret(dtype, shape, layout)
+    else:
+        return smem._reinterpret(dtype, shape, layout)
+
+
+@gluon.jit
 def _as_fp8(a_words):
     """The page's e4m3 codes, stored as int32 words, as the MMA's fp8 operand (same bytes: both
     layouts swizzle 16-byte chunks of 128-byte rows)."""
-    if GLUON_39:
-        return a_words.reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], FP8_OPERAND_SMEM)
-    else:
-        return a_words._reinterpret(gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], FP8_OPERAND_SMEM)
+    return _reinterpreted(a_words, gl.float8e4nv, [BLOCK_SIZE, HEAD_DIM], FP8_OPERAND_SMEM)
 
 
 @gluon.jit

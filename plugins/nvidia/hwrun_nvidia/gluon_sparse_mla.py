@@ -49,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from hwrun.kernels.triton.lse_combine import combine_parts
 from hwrun.kernels.triton.sparse_mla import LATENT_ROW_BYTES
-from hwrun_nvidia.gluon_paged_logits import GLUON_39, _cta_barrier, _mma_result
+from hwrun_nvidia.gluon_paged_logits import _cta_barrier, _mma_result, _reinterpreted
 
 ROW_BYTES = LATENT_ROW_BYTES["fp8_ds_mla"]  # 512 e4m3 codes, 4 fp32 scales, 64 bf16 rope
 BLOCK_N = gl.constexpr(64)  # top-k entries a tile
@@ -186,10 +186,10 @@ def _decoded(words, scale):
 
 @gluon.jit
 def _rope_values(words):
-    """The rope values ([64, 32] int32 words, two bf16 each, first lowest) as [64, 64] bf16."""
+    """The rope values ([n, 32] int32 words, two bf16 each, first lowest) as [n, 64] bf16."""
     low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
     high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    return gl.reshape(gl.join(low, high), [BLOCK_N, ROPE])
+    return gl.reshape(gl.join(low, high), [words.shape[0], ROPE])
 
 
 @gluon.jit
@@ -381,10 +381,7 @@ def _store_placed(k_words, k_rope, rows):
     k_words.slice(GROUP // 2, GROUP // 2, dim=1).store(_placed_words(rows[1], rows[5]))
     k_words.slice(GROUP, GROUP // 2, dim=1).store(_placed_words(rows[2], rows[6]))
     k_words.slice(3 * GROUP // 2, GROUP // 2, dim=1).store(_placed_words(rows[3], rows[7]))
-    words = rows[8]
-    low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    k_rope.store(gl.reshape(gl.join(low, high), [words.shape[0], ROPE]))
+    k_rope.store(_rope_values(rows[8]))
 
 
 WORDS_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
@@ -394,10 +391,7 @@ WORDS_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_b
 def _as_words(k_nope):
     """A stage's bf16 [64, 512] as int32 [64, 256] (same bytes: both layouts swizzle 16-byte
     chunks of 128-byte rows)."""
-    if GLUON_39:
-        return k_nope.reinterpret(gl.int32, [BLOCK_N, NOPE // 2], WORDS_SMEM)
-    else:
-        return k_nope._reinterpret(gl.int32, [BLOCK_N, NOPE // 2], WORDS_SMEM)
+    return _reinterpreted(k_nope, gl.int32, [BLOCK_N, NOPE // 2], WORDS_SMEM)
 
 
 @gluon.jit
@@ -536,6 +530,8 @@ def _sparse_mla_decode_ws_kernel(
     heads = hb * HEADS + gl.arange(0, HEADS, layout=gl.SliceLayout(1, Q_WG_LAYOUT))
     q_rows = q_ptr + (r * H + gl.expand_dims(heads, 1).to(gl.int64)) * (NOPE + ROPE)
     live = gl.expand_dims(heads < H, 1)
+    # In four column chunks: the whole [64, 512] at one warpgroup would hold 128 registers a
+    # thread (the serial kernel's _queries loads it at two).
     q_nope = gl.allocate_shared_memory(gl.bfloat16, [HEADS, NOPE], BF16_OPERAND_SMEM)
     for c in gl.static_range(NOPE // GROUP):
         cols = c * GROUP + gl.arange(0, GROUP, layout=gl.SliceLayout(0, Q_WG_LAYOUT))
