@@ -23,7 +23,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check --no-cache .
 
 # Up to four pytest workers (xdist): each imports torch and Triton, so more cost memory for
-# little gain; the longest test (the Triton tier's quick conformance, ~4 min) bounds the run.
+# little gain. The longest tests (the Triton tier's quick conformance, one platform each) take
+# about 75 s on CI's two cores.
 test: lint
 	$(BIN)/python -m pytest -q -n auto --maxprocesses=4
 
