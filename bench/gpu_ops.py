@@ -307,12 +307,7 @@ def gluon_mla_row(q, cache, slots, scale, batch, heads, k, tune, triton_out, flo
     cfg = {}
     if tune:
         splits = [None, 2, 4, 8, 16, 32] if batch == 1 else [None]
-        grid = [
-            {**ws, "stages": st, "splits": sp}
-            for ws in ({}, {"specialised": False})
-            for st in (2, 1)
-            for sp in splits
-        ]
+        grid = [{"stages": st, "splits": sp} for st in (2, 1) for sp in splits]
         cfg = _tune(f"gluon sparse_mla B={batch}", run, grid, log)
     out, lse = run(**cfg)
     want_out, want_lse = triton_out

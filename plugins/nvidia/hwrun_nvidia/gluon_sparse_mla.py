@@ -1,4 +1,4 @@
-"""sparse_mla.decode as Gluon kernels for Hopper (sm_90), over fp8_ds_mla latent rows.
+"""sparse_mla.decode as a Gluon kernel for Hopper (sm_90), over fp8_ds_mla latent rows.
 
 The Triton kernel takes 2.2x FlashMLA's time at B=64, 128 heads, top-2048: Triton keeps the
 dequantized tile in registers and stages it through shared memory for every product, in layouts
@@ -9,26 +9,24 @@ entries, its rows (656 B: 512 e4m3 codes, four fp32 group scales, 64 bf16 rope v
 16 bytes at a time and decoded as the format decodes (each code times its group's scale rounded
 to bf16, the product rounded to bf16) into a ring stage ([64, 512] + [64, 64] bf16).
 
-- ``_sparse_mla_decode_ws_kernel`` (the default): three warpgroups, FlashMLA's layout. A
-  producer gathers half a tile ahead and decodes into a free stage by placing each code in a
-  bf16's bits (:data:`PLACED_DECODE_ASM`); a softmax warpgroup
-  computes S = Q K^T over the whole tile, the online softmax (base 2) and O += P V over output
-  columns 0..255; a PV warpgroup O += P V over columns 256..511 with the softmax warpgroup's P
-  (bf16, in shared memory) and rescale. Stages, P and the final normalisation are handed over
-  by mbarriers; each warpgroup's registers are set apart (208 / 168 / 128).
-- ``_sparse_mla_decode_kernel`` (``specialised=False``): two warpgroups doing everything in
-  turn (gather, decode by conversion instructions, QK with each warpgroup owning 32 of the
-  tile's entries, softmax, PV with each owning 256 output columns), the next tile decoded while
-  this tile's QK product is in flight.
+``_sparse_mla_decode_ws_kernel`` runs three warpgroups, FlashMLA's layout. A producer gathers
+half a tile ahead and decodes into a free stage by placing each code in a bf16's bits
+(:data:`PLACED_DECODE_ASM`); a softmax warpgroup computes S = Q K^T over the whole tile, the
+online softmax (base 2) and O += P V over output columns 0..255; a PV warpgroup O += P V over
+columns 256..511 with the softmax warpgroup's P (bf16, in shared memory) and rescale. Stages,
+P and the final normalisation are handed over by mbarriers; each warpgroup's registers are set
+apart (208 / 168 / 128). The two-warpgroup kernel it replaced (everything in turn, the codes
+decoded by conversion instructions; 5fd630f .. 25dadf2) was slower at every shape timed: 156.2
+us at B=64, 19.6 at B=1 (docs/benchmarks.md).
 
 With more splits than one, the parts are merged by lse_combine, as the Triton kernel's are.
 Numerics are the Triton kernel's: the same decode, P rounded to bf16, fp32 accumulators.
 
-Built for sm_90 in CI (plugins/nvidia/tests/test_gluon.py). On an H100 (2026-12-07) both
-kernels passed their GPU tests (plugins/nvidia/tests/test_gluon_sparse_mla_gpu.py) and
+Built for sm_90 in CI (plugins/nvidia/tests/test_gluon.py). On an H100 (2026-12-07) it passed
+its GPU tests (plugins/nvidia/tests/test_gluon_sparse_mla_gpu.py) and
 `hwrun conformance --ops sparse_mla.decode` with HWRUN_GLUON=1 and no FlashMLA was conformant
 (51 run, 51 passed). Time at B=64, 128 heads, top-2048 of 262,144 tokens: the warp-specialised
-kernel 128.3 us against FlashMLA's 93.3 (1.37x; the serial one 156.2, Triton 205.7); at B=1
+kernel 128.3 us against FlashMLA's 93.3 (1.37x; Triton 205.7); at B=1
 with 16 splits 18.6 us against 17.4 (1.07x). ncu of it at B=64: 45% of its stall cycles waited
 on the producer's gathers, half a tile ahead (docs/benchmarks.md).
 """
@@ -62,37 +60,9 @@ _LOG2E = math.log2(math.e)
 # gl.multiple_of, as Triton 3.9 has it (the H200's 3.6 may not: its loads are then narrower)
 HAS_MULTIPLE_OF = gl.constexpr(hasattr(gl, "multiple_of"))
 
-# S [64 heads, 64 entries]: each warpgroup 32 entries; O [64 heads, 512]: each 256 columns.
-S_LAYOUT = gl.constexpr(
-    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
-)
-O_LAYOUT = gl.constexpr(
-    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
-)
 BF16_OPERAND_SMEM = gl.constexpr(
     gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 )
-# A row's words [64, 32] int32 (a group's 128 codes, or the 64 rope values), 16 bytes a
-# thread: held as words, a tile ahead costs 40 registers a thread (as bytes, one each); the
-# queries' [64, 512] and [64, 64] loads, 8 bf16 a thread.
-WORDS_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [8, 1], [1, 0]))
-Q_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))
-
-
-@gluon.jit
-def _queries(q_ptr, r, hb, H):
-    """Row r's queries of heads hb*64 .. hb*64+63 ([64, 512] and [64, 64] bf16 in shared
-    memory, the QK product's left operand; heads past H zero)."""
-    heads = hb * HEADS + gl.arange(0, HEADS, layout=gl.SliceLayout(1, Q_LAYOUT))
-    rows = q_ptr + (r * H + gl.expand_dims(heads, 1).to(gl.int64)) * (NOPE + ROPE)
-    live = gl.expand_dims(heads < H, 1)
-    nope_cols = gl.arange(0, NOPE, layout=gl.SliceLayout(0, Q_LAYOUT))
-    nope = gl.load(rows + gl.expand_dims(nope_cols, 0), mask=live, other=0.0)
-    rope_cols = gl.arange(0, ROPE, layout=gl.SliceLayout(0, Q_LAYOUT))
-    rope = gl.load(rows + NOPE + gl.expand_dims(rope_cols, 0), mask=live, other=0.0)
-    q_nope = gl.allocate_shared_memory(gl.bfloat16, [HEADS, NOPE], BF16_OPERAND_SMEM, nope)
-    q_rope = gl.allocate_shared_memory(gl.bfloat16, [HEADS, ROPE], BF16_OPERAND_SMEM, rope)
-    return q_nope, q_rope
 
 
 @gluon.jit
@@ -153,53 +123,11 @@ mul.rn.bf16x2 $1, b, $3;
 
 
 @gluon.jit
-def _gather(cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride):
-    """Entries start .. start+63's rows as stored (zeros for invalid entries and those past
-    ``hi``): the four groups' codes and the rope values ([64, 32] int32 words each) and the
-    groups' scales ([64] fp32 each)."""
-    return _gather_rows(
-        cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride, BLOCK_N,
-        WORDS_LAYOUT,
-    )  # fmt: skip
-
-
-@gluon.jit
-def _code_byte(words, i: gl.constexpr, scale):
-    """Byte i of each word, an e4m3 code, times its row's ``scale`` (fp32, bf16-rounded) as
-    fp8_ds_mla decodes it: the product rounded to bf16."""
-    code = ((words >> (8 * i)) & 0xFF).to(gl.uint8).to(gl.float8e4nv, bitcast=True)
-    return (code.to(gl.float32) * scale).to(gl.bfloat16)
-
-
-@gluon.jit
-def _decoded(words, scale):
-    """A group's codes ([64, 32] int32 words, four codes each, first code lowest) decoded:
-    [64, 128] bf16 in element order."""
-    rounded = gl.expand_dims(scale.to(gl.bfloat16).to(gl.float32), 1)
-    b0 = _code_byte(words, 0, rounded)
-    b1 = _code_byte(words, 1, rounded)
-    b2 = _code_byte(words, 2, rounded)
-    b3 = _code_byte(words, 3, rounded)
-    # [64, 32, a, o] = byte 2a + o of word (row, column): element 4 * column + 2a + o
-    return gl.reshape(gl.join(gl.join(b0, b2), gl.join(b1, b3)), [BLOCK_N, GROUP])
-
-
-@gluon.jit
 def _rope_values(words):
     """The rope values ([n, 32] int32 words, two bf16 each, first lowest) as [n, 64] bf16."""
     low = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
     high = (words >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
     return gl.reshape(gl.join(low, high), [words.shape[0], ROPE])
-
-
-@gluon.jit
-def _store_tile(k_nope, k_rope, w0, w1, w2, w3, s0, s1, s2, s3, rope):
-    """A gathered tile, decoded, into a ring stage (k_nope [64, 512], k_rope [64, 64])."""
-    k_nope.slice(0, GROUP, dim=1).store(_decoded(w0, s0))
-    k_nope.slice(GROUP, GROUP, dim=1).store(_decoded(w1, s1))
-    k_nope.slice(2 * GROUP, GROUP, dim=1).store(_decoded(w2, s2))
-    k_nope.slice(3 * GROUP, GROUP, dim=1).store(_decoded(w3, s3))
-    k_rope.store(_rope_values(rope))
 
 
 @gluon.jit
@@ -244,106 +172,7 @@ def _normalisation(l_i, m_i, hb, H, sink_ptr, HAS_SINK: gl.constexpr, layout: gl
     return heads, h_mask, inv, lse
 
 
-@gluon.jit
-def _sparse_mla_decode_kernel(
-    q_ptr,  # [R, H, 576] bfloat16
-    cache_ptr,  # uint8 fp8_ds_mla rows, block stride and row stride below
-    slots_ptr,  # [R, k] int32, -1 invalid
-    lens_ptr,  # [R] int32 (unused without HAS_LENS)
-    sink_ptr,  # [H] float32 (unused without HAS_SINK)
-    part_out_ptr,  # [SPLITS, R, H, 512] float32, or the final [R, H, 512] output
-    part_lse_ptr,  # [SPLITS, R, H] float32, natural log
-    k,
-    H,
-    chunk,  # entries per split, a multiple of 64
-    block_size,
-    cache_block_stride,
-    cache_row_stride,
-    scale_log2,  # softmax_scale * log2(e)
-    HAS_LENS: gl.constexpr,
-    HAS_SINK: gl.constexpr,
-    STAGES: gl.constexpr,  # 2: the next tile decoded while this tile's QK runs; 1: after PV
-):
-    gl.static_assert(gl.num_warps() == 8, "two warpgroups")
-    gl.static_assert(STAGES == 1 or STAGES == 2, "one or two ring stages")
-    r = gl.program_id(0).to(gl.int64)
-    hb = gl.program_id(1)
-    split = gl.program_id(2)
-    R = gl.num_programs(0)
-    rows_layout: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-    entries_layout: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
-    out_rows_layout: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-
-    lo, hi, slot_row = _span(r, split, slots_ptr, lens_ptr, k, chunk, HAS_LENS)
-
-    q_nope, q_rope = _queries(q_ptr, r, hb, H)
-    k_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, NOPE], BF16_OPERAND_SMEM)
-    k_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, ROPE], BF16_OPERAND_SMEM)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, BLOCK_N], BF16_OPERAND_SMEM)
-
-    w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
-        cache_ptr, slot_row, lo, hi, block_size, cache_block_stride, cache_row_stride
-    )
-    _store_tile(k_nope.index(0), k_rope.index(0), w0, w1, w2, w3, s0, s1, s2, s3, rope)
-    w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
-        cache_ptr, slot_row, lo + BLOCK_N, hi, block_size, cache_block_stride, cache_row_stride
-    )
-
-    m_i = gl.full([HEADS], float("-inf"), gl.float32, rows_layout)
-    l_i = gl.zeros([HEADS], gl.float32, rows_layout)
-    o = gl.zeros([HEADS, NOPE], gl.float32, O_LAYOUT)
-    for start in range(lo, hi, BLOCK_N):
-        stage = (start - lo) // BLOCK_N % STAGES
-        k_stage = k_nope.index(stage)
-        # Every thread's stores into this stage before the MMA's async-proxy reads, and (two
-        # stages) every warpgroup's PV product of the last tile done before the stores below
-        # overwrite the stage it read.
-        fence_async_shared()
-        _cta_barrier()
-        zero = gl.zeros([HEADS, BLOCK_N], gl.float32, S_LAYOUT)
-        pending = warpgroup_mma(q_nope, k_stage.permute((1, 0)), zero, use_acc=False, is_async=True)
-        pending = warpgroup_mma(q_rope, k_rope.index(stage).permute((1, 0)), pending, is_async=True)
-        if STAGES == 2:
-            other = 1 - stage
-            _store_tile(
-                k_nope.index(other), k_rope.index(other), w0, w1, w2, w3, s0, s1, s2, s3, rope
-            )
-            w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
-                cache_ptr, slot_row, start + 2 * BLOCK_N, hi, block_size, cache_block_stride,
-                cache_row_stride,
-            )  # fmt: skip
-        scores = _mma_result(pending)
-
-        j = start + gl.arange(0, BLOCK_N, layout=entries_layout)
-        valid = gl.load(slot_row + j, mask=j < hi, other=-1) >= 0
-        p, alpha, m_i, l_i = _online_softmax(scores, valid, scale_log2, m_i, l_i)
-        p_smem.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        _cta_barrier()
-        o = o * gl.expand_dims(gl.convert_layout(alpha, out_rows_layout), 1)
-        o = warpgroup_mma(p_smem, k_stage, o)
-        if STAGES == 1:
-            _cta_barrier()  # every warpgroup's reads of the stage done
-            _store_tile(k_nope.index(0), k_rope.index(0), w0, w1, w2, w3, s0, s1, s2, s3, rope)
-            w0, w1, w2, w3, s0, s1, s2, s3, rope = _gather(
-                cache_ptr, slot_row, start + 2 * BLOCK_N, hi, block_size, cache_block_stride,
-                cache_row_stride,
-            )  # fmt: skip
-
-    heads, h_mask, inv, lse = _normalisation(l_i, m_i, hb, H, sink_ptr, HAS_SINK, out_rows_layout)
-    part = split * R + r
-    gl.store(part_lse_ptr + part * H + heads, lse, mask=h_mask)
-    cols = gl.arange(0, NOPE, layout=gl.SliceLayout(0, O_LAYOUT))
-    out_rows = part_out_ptr + gl.expand_dims((part * H + heads) * NOPE, 1)
-    out = o * gl.expand_dims(inv, 1)
-    gl.store(
-        out_rows + gl.expand_dims(cols, 0),
-        out.to(part_out_ptr.dtype.element_ty),
-        mask=gl.expand_dims(h_mask, 1),
-    )
-
-
-# The warp-specialised kernel's layouts: each partition is one warpgroup (4 warps).
+# Layouts of one warpgroup (4 warps): each partition is one.
 HALF = gl.constexpr(32)  # entries the producer gathers at once: half a tile
 S_WG_LAYOUT = gl.constexpr(
     gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -512,14 +341,28 @@ def _ws_pv(k_nope, p_smem, alpha_smem, inv_smem, k_free, p_ready, p_free, done, 
 
 @gluon.jit
 def _sparse_mla_decode_ws_kernel(
-    q_ptr, cache_ptr, slots_ptr, lens_ptr, sink_ptr, part_out_ptr, part_lse_ptr,
-    k, H, chunk, block_size, cache_block_stride, cache_row_stride, scale_log2,
-    HAS_LENS: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
-):  # fmt: skip
-    """:func:`_sparse_mla_decode_kernel`'s work (same arguments) by three warpgroups: a
-    producer gathering and decoding tiles into the ring, a softmax warpgroup (QK, softmax, PV
-    over the first 256 output columns) and a PV warpgroup (the other 256), handing stages and
-    P over by mbarriers, as FlashMLA's sm_90 kernel does."""
+    q_ptr,  # [R, H, 576] bfloat16
+    cache_ptr,  # uint8 fp8_ds_mla rows, block stride and row stride below
+    slots_ptr,  # [R, k] int32, -1 invalid
+    lens_ptr,  # [R] int32 (unused without HAS_LENS)
+    sink_ptr,  # [H] float32 (unused without HAS_SINK)
+    part_out_ptr,  # [SPLITS, R, H, 512] float32, or the final [R, H, 512] output
+    part_lse_ptr,  # [SPLITS, R, H] float32, natural log
+    k,
+    H,
+    chunk,  # entries per split, a multiple of 64
+    block_size,
+    cache_block_stride,
+    cache_row_stride,
+    scale_log2,  # softmax_scale * log2(e)
+    HAS_LENS: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    STAGES: gl.constexpr,  # ring stages, 1 or 2
+):
+    """A program (row, 64 heads, split) by three warpgroups: a producer gathering and decoding
+    tiles into the ring, a softmax warpgroup (QK, softmax, PV over the first 256 output
+    columns) and a PV warpgroup (the other 256), handing stages and P over by mbarriers, as
+    FlashMLA's sm_90 kernel does."""
     gl.static_assert(gl.num_warps() == 4, "the default partition is one warpgroup")
     r = gl.program_id(0).to(gl.int64)
     hb = gl.program_id(1)
@@ -531,7 +374,7 @@ def _sparse_mla_decode_ws_kernel(
     q_rows = q_ptr + (r * H + gl.expand_dims(heads, 1).to(gl.int64)) * (NOPE + ROPE)
     live = gl.expand_dims(heads < H, 1)
     # In four column chunks: the whole [64, 512] at one warpgroup would hold 128 registers a
-    # thread (the serial kernel's _queries loads it at two).
+    # thread.
     q_nope = gl.allocate_shared_memory(gl.bfloat16, [HEADS, NOPE], BF16_OPERAND_SMEM)
     for c in gl.static_range(NOPE // GROUP):
         cols = c * GROUP + gl.arange(0, GROUP, layout=gl.SliceLayout(0, Q_WG_LAYOUT))
@@ -615,11 +458,9 @@ def decode(
     attn_sink: torch.Tensor | None = None,  # [H] float32
     splits: int | None = None,
     stages: int = 2,
-    specialised: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, s, H, 512] bf16, lse [B, s, H] fp32
     """``sparse_mla.decode`` over fp8_ds_mla rows (see :func:`shape_reasons`); ``splits``:
-    parts of the top-k list (default :func:`default_splits`), ``stages``: 2 or 1 ring stages,
-    ``specialised``: the warp-specialised kernel (else the two-warpgroup one)."""
+    parts of the top-k list (default :func:`default_splits`), ``stages``: 2 or 1 ring stages."""
     problems = shape_reasons(q, cache, "fp8_ds_mla")
     if problems:
         raise ValueError("sparse_mla.decode (gluon): " + "; ".join(problems))
@@ -644,8 +485,7 @@ def decode(
     if rows == 0:
         return part_out[0].reshape(B, S, H, 512), part_lse[0].reshape(B, S, H)
     lens = part_lse if topk_length is None else topk_length.reshape(rows).to(torch.int32)
-    kernel = _sparse_mla_decode_ws_kernel if specialised else _sparse_mla_decode_kernel
-    kernel[(rows, head_blocks, splits)](
+    _sparse_mla_decode_ws_kernel[(rows, head_blocks, splits)](
         q.reshape(rows, H, 576).contiguous(),
         cache,
         slots.reshape(rows, k).to(torch.int32).contiguous(),
@@ -663,7 +503,7 @@ def decode(
         HAS_LENS=topk_length is not None,
         HAS_SINK=direct and attn_sink is not None,
         STAGES=stages,
-        num_warps=4 if specialised else 8,
+        num_warps=4,
     )
     if direct:
         out, lse = part_out[0], part_lse[0]

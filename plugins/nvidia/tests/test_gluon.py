@@ -338,10 +338,9 @@ def test_sparse_mla_falls_back_to_triton_for_other_calls(monkeypatch):
     assert len(calls) == 1
 
 
-def _build_sparse_mla(stages: int, design: str) -> str:
-    """In the child: a sparse MLA kernel's sm_90 cubin (``design``: "serial", the two-warpgroup
-    kernel, or "specialised"), as its shared-memory size, then cuobjdump's resource usage and
-    SASS."""
+def _build_sparse_mla(stages: int) -> str:
+    """In the child: the sparse MLA kernel's sm_90 cubin, as its shared-memory size, then
+    cuobjdump's resource usage and SASS."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from hwrun_nvidia import gluon_sparse_mla as kernel
@@ -355,30 +354,12 @@ def _build_sparse_mla(stages: int, design: str) -> str:
     # As a launch specialises them: 16-byte aligned pointers and strides of 16 B units.
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 11, 12)}
     constexprs = {"HAS_LENS": True, "HAS_SINK": True, "STAGES": stages}
-    if design == "serial":
-        fn, warps = kernel._sparse_mla_decode_kernel, 8
-    else:
-        fn, warps = kernel._sparse_mla_decode_ws_kernel, 4
-    source = GluonASTSource(fn, signature, constexprs, attrs)
-    return _cubin_report(source, {"num_warps": warps}, f"sparse_mla{stages}{design}")
-
-
-@pytest.mark.parametrize("stages", [2, 1])
-def test_sparse_mla_cubin_keeps_the_design(stages, tmp_path):
-    out = _child_build(tmp_path, "sparse_mla", str(stages), "serial")
-    shared = int(re.search(r"SHARED_BYTES:(\d+)", out).group(1))
-    assert shared <= 232448, shared  # sm_90's most a block may hold (227 KiB)
-    spilled = int(re.search(r"STACK:(\d+)", out).group(1))
-    assert spilled <= 128, spilled  # a few loop-invariant values, reloaded from L1
-    # QK: 32 NoPE and 4 RoPE steps of 64 x 32 a warpgroup; PV: 4 of 64 x 256, V as stored
-    assert out.count("HGMMA.64x32x16.F32.BF16") == 36
-    assert out.count("HGMMA.64x256x16.F32.BF16 ") == 4 and "tnspB" in out
-    assert "LDG.E.128" in out  # rows gathered 16 bytes at a time
-    assert "F2FP.F16.E4M3.UNPACK_B" in out  # the codes by the conversion instruction
+    source = GluonASTSource(kernel._sparse_mla_decode_ws_kernel, signature, constexprs, attrs)
+    return _cubin_report(source, {"num_warps": 4}, f"sparse_mla{stages}")
 
 
 def test_warp_specialised_sparse_mla_cubin_keeps_the_design(tmp_path):
-    out = _child_build(tmp_path, "sparse_mla", "2", "specialised")
+    out = _child_build(tmp_path, "sparse_mla", "2")  # two ring stages, the default
     shared = int(re.search(r"SHARED_BYTES:(\d+)", out).group(1))
     assert shared <= 232448, shared
     spilled = int(re.search(r"STACK:(\d+)", out).group(1))
@@ -401,6 +382,6 @@ if __name__ == "__main__":
     if sys.argv[1] == "layouts":
         print(_layouts())
     elif sys.argv[1] == "sparse_mla":
-        print(_build_sparse_mla(int(sys.argv[2]), sys.argv[3]))
+        print(_build_sparse_mla(int(sys.argv[2])))
     else:
         print(_build(sys.argv[1], int(sys.argv[2])))

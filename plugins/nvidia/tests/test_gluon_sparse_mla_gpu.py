@@ -25,33 +25,24 @@ def _kernel():
     return pytest.importorskip("hwrun_nvidia.gluon_sparse_mla")
 
 
-# The warp-specialised kernel and the two-warpgroup one
-DESIGNS = pytest.mark.parametrize(
-    "design", [{}, {"specialised": False}], ids=["specialised", "serial"]
-)
-
-
-@DESIGNS
 @pytest.mark.parametrize("stages", [2, 1])
 @pytest.mark.parametrize("batch,s,heads", [(4, 1, 128), (1, 1, 128), (2, 2, 64), (2, 1, 20)])
-def test_matches_the_reference(batch, s, heads, stages, design):
+def test_matches_the_reference(batch, s, heads, stages):
     torch.manual_seed(batch * heads + stages)
     q, cache, slots, lengths, sink = mla_inputs(FMT, batch, s, heads, 2048)
-    got = _kernel().decode(q, cache, slots, 0.07, lengths, sink, stages=stages, **design)
+    got = _kernel().decode(q, cache, slots, 0.07, lengths, sink, stages=stages)
     check_mla(got, ref_mla.decode(q, cache, FMT, slots, 0.07, lengths, sink))
 
 
-@DESIGNS
 @pytest.mark.parametrize("k,splits", [(100, 1), (100, 2), (1, None), (2048, 3), (2048, 32)])
-def test_partial_tiles_and_splits(k, splits, design):
+def test_partial_tiles_and_splits(k, splits):
     torch.manual_seed(k + (splits or 0))
     q, cache, slots, _, sink = mla_inputs(FMT, 3, 1, 128, k)
-    got = _kernel().decode(q, cache, slots, 0.07, None, sink, splits=splits, **design)
+    got = _kernel().decode(q, cache, slots, 0.07, None, sink, splits=splits)
     check_mla(got, ref_mla.decode(q, cache, FMT, slots, 0.07, None, sink))
 
 
-@DESIGNS
-def test_every_code_decodes_exactly(design):
+def test_every_code_decodes_exactly():
     """Rows whose codes run through all 254 non-NaN e4m3 codes, scales from 2^-20 to 2^10 (and
     ones that round to bf16); each query row attends one valid entry, so its output is that
     entry's decoded NoPE values, bit for bit, and its LSE the scaled score."""
@@ -72,7 +63,7 @@ def test_every_code_decodes_exactly(design):
     slots = torch.full((batch, 1, k), -1, device="cuda", dtype=torch.int32)
     picks = torch.randperm(tokens, device="cuda")[:batch].to(torch.int32)
     slots[torch.arange(batch), 0, torch.arange(batch) % k] = picks  # in every tile position
-    out, lse = _kernel().decode(q, cache, slots, 0.07, **design)
+    out, lse = _kernel().decode(q, cache, slots, 0.07)
     decoded = latent.decode(rows[picks.long()])  # [batch, 576] fp32
     want = decoded[:, :512].to(torch.bfloat16)
     assert torch.equal(out[:, 0], want[:, None, :].expand(-1, 64, -1))
@@ -80,8 +71,7 @@ def test_every_code_decodes_exactly(design):
     torch.testing.assert_close(lse[:, 0], scores[..., 0] * 0.07, atol=2e-3, rtol=2e-3)
 
 
-@DESIGNS
-def test_the_bench_shape_matches_triton(design):
+def test_the_bench_shape_matches_triton():
     """B=64, 128 heads, top-2048 over a 262144-token cache: the Triton kernel, checked against
     the reference at this shape elsewhere, as the oracle (the reference's per-row loop is slow)."""
     from hwrun.kernels.triton.sparse_mla import decode as triton_decode
@@ -94,7 +84,7 @@ def test_the_bench_shape_matches_triton(design):
     ).reshape(tokens // 64, 64, 656)
     q = torch.randn(64, 1, 128, 576, device="cuda", dtype=torch.bfloat16)
     slots = torch.randint(0, tokens, (64, 1, 2048), device="cuda", dtype=torch.int32)
-    got = _kernel().decode(q, cache, slots, 576**-0.5, **design)
+    got = _kernel().decode(q, cache, slots, 576**-0.5)
     check_mla(got, triton_decode(q, cache, FMT, slots, 576**-0.5))
 
 
