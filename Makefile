@@ -24,7 +24,7 @@ lint: $(STAMP)
 
 # Up to four pytest workers (xdist): each imports torch and Triton, so more cost memory for
 # little gain. The longest tests (the Triton tier's quick conformance, one platform each) take
-# about 75 s on CI's two cores.
+# about 75 s on two cores.
 test: lint
 	$(BIN)/python -m pytest -q -n auto --maxprocesses=4
 

@@ -16,7 +16,7 @@ online softmax (base 2) and O += P V over output columns 0..255; a PV warpgroup 
 columns 256..511 with the softmax warpgroup's P (bf16, in shared memory) and rescale. Stages,
 P and the final normalisation are handed over by mbarriers; each warpgroup's registers are set
 apart (208 / 168 / 128). The two-warpgroup kernel it replaced (everything in turn, the codes
-decoded by conversion instructions; 5fd630f .. 25dadf2) was slower at every shape timed: 156.2
+decoded by conversion instructions; 5fd630f .. f4395e8) was slower at every shape timed: 156.2
 us at B=64, 19.6 at B=1 (docs/benchmarks.md).
 
 With more splits than one, the parts are merged by lse_combine, as the Triton kernel's are.
