@@ -19,6 +19,13 @@ apart (208 / 168 / 128). The two-warpgroup kernel it replaced (everything in tur
 decoded by conversion instructions; 5fd630f .. f4395e8) was slower at every shape timed: 156.2
 us at B=64, 19.6 at B=1 (docs/benchmarks.md).
 
+``decode(..., crossover=True)`` (128 heads; off by default): FlashMLA's crossover. A row's two
+head blocks run as one cluster of two CTAs; each producer gathers and decodes half of every
+tile and stores it into both CTAs' stages (st.async, 16 bytes a store, whole 128-byte rows a
+warp). Correct on an H100 (2026-12-07: outputs equal to the one-CTA kernel's), but not yet
+faster: B=64 135.4 us against 129.7, B=128 265.2 against 266.4, B=1 20.1 against 18.8
+(docs/benchmarks.md, twenty-sixth session, has the ablations and what is left to try).
+
 With more splits than one, the parts are merged by lse_combine, as the Triton kernel's are.
 Numerics are the Triton kernel's: the same decode, P rounded to bf16, fp32 accumulators.
 
@@ -183,6 +190,7 @@ O_WG_LAYOUT = gl.constexpr(
 WORDS_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]))
 Q_WG_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 ROW_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
+SIGNAL_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 # Registers a thread of the PV warpgroup (its [64, 256] fp32 accumulator is 128) and of the
 # producer (two half tiles of words in flight, 96); the softmax warpgroup has the rest.
 PV_REGS = gl.constexpr(168)
@@ -223,6 +231,118 @@ def _as_words(k_nope):
     return _reinterpreted(k_nope, gl.int32, [BLOCK_N, NOPE // 2], WORDS_SMEM)
 
 
+# The crossover (FlashMLA's name): the two programs of a 128-head row run as one cluster of two
+# CTAs; each gathers and decodes half of every tile (rows rank*32 .. rank*32+31) into its own
+# stage and copies that half into its peer's (the same offsets of the peer's shared memory), so
+# each decodes half the rows it reads. Gluon 3.6 has no cluster operations, so these are PTX;
+# the offsets of the stages and barriers come from the allocation the compiler made
+# (:func:`_crossover_offsets`), the cluster from the launch (:func:`_crossover_launch`).
+SMEM_BASE_ASM = gl.constexpr("mov.b32 $0, global_smem;")
+# Every thread of both CTAs, at the start and end of each partition: the barriers are
+# initialised before the peer touches them, and no CTA exits while its peer's copies or
+# arrivals may still reach it (or its own copies still read it).
+CLUSTER_SYNC_ASM = gl.constexpr(
+    "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;"
+)
+NOPE_STAGE_BYTES = gl.constexpr(64 * 512 * 2)
+ROPE_STAGE_BYTES = gl.constexpr(64 * 64 * 2)
+HALF_TILE_BYTES = gl.constexpr(9 * 32 * 128)  # the peer's half: 8 NoPE blocks and the rope
+# $1: a word of the peer's, $2: the peer's barrier of a stage (shared::cluster addresses): each
+# thread of the warpgroup stores 4 bytes, completing that many of the barrier's expected bytes.
+# (One thread's arrival, chosen by %tid.x in the asm, makes ptxas spill the softmax
+# warpgroup's MMA descriptors: 320 bytes of stack against 40.)
+SIGNAL_ASM = gl.constexpr(
+    "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [$1], $1, [$2]; mov.u32 $0, 0;"
+)
+SIGNAL_BYTES = gl.constexpr(128 * 4)
+SIGNAL_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
+
+
+# $4..$7: 16 bytes of a row (four int32 words, in order) into the peer at $8, completing on the
+# peer's ready barrier $12 (the asm takes four elements of each operand: pack=4).
+REMOTE_STORE_ASM = gl.constexpr(
+    "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [$8], {$4, $5, $6, $7}, [$12];"
+    " mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;"
+)
+REMOTE_STORE_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 12))
+# A group's decoded words [32, 64] as the remote stores take them: 8 consecutive words (two
+# 16-byte pieces of a row) a thread.
+STORE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]))
+
+
+@gluon.jit
+def _remote_address(local, peer):
+    """The peer's address (shared::cluster) of this CTA's shared address ``local``."""
+    return gl.inline_asm_elementwise(
+        "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", [local, peer], dtype=gl.int32,
+        is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _stage_offsets(rank, WORDS: gl.constexpr, LAYOUT: gl.constexpr):
+    """Byte offsets in a stage of this CTA's half's int32 words [32, WORDS] (word w: bytes
+    4w .. 4w+3 of the row). A stage in 128-byte swizzle is blocks of 64 bf16 columns (8 KB:
+    64 rows of 128 B), each row's 16-byte pieces permuted by the row's index mod 8."""
+    i = gl.arange(0, HALF, layout=gl.SliceLayout(1, LAYOUT))
+    w = gl.arange(0, WORDS, layout=gl.SliceLayout(0, LAYOUT))
+    row = gl.expand_dims(rank * HALF + i, 1)
+    piece = gl.expand_dims(w // 4, 0)
+    within = gl.expand_dims((w % 4) * 4, 0)
+    return (piece // 8) * 8192 + row * 128 + (((piece % 8) ^ (row % 8)) * 16) + within
+
+
+@gluon.jit
+def _remote_store(words, addresses, barrier):
+    gl.inline_asm_elementwise(
+        REMOTE_STORE_ASM, REMOTE_STORE_CONSTRAINTS,
+        [words, addresses, gl.zeros_like(words) + barrier], dtype=gl.int32, is_pure=False,
+        pack=4,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _store_placed_crossed(k_words, k_rope, rows, remote_nope, remote_rope, remote_ready,
+                          nope_offsets, rope_offsets):  # fmt: skip
+    """:func:`_store_placed` into this CTA's stage rows (``k_words`` / ``k_rope``, its half)
+    and, from the same registers, into the peer's (remote_nope / remote_rope: the peer's stage,
+    the offsets of :func:`_stage_offsets`), completing on the peer's ready barrier."""
+    for g in gl.static_range(4):
+        words = gl.convert_layout(_placed_words(rows[g], rows[4 + g]), STORE_LAYOUT)
+        k_words.slice(g * GROUP // 2, GROUP // 2, dim=1).store(words)
+        _remote_store(words, remote_nope + g * 2 * 8192 + nope_offsets, remote_ready)
+    k_rope.store(_rope_values(rows[8]))
+    _remote_store(rows[8], remote_rope + rope_offsets, remote_ready)
+
+
+@gluon.jit
+def _cluster_sync(anchor):
+    """Every thread of the cluster here (``anchor``: any int32 scalar, the asm's operand)."""
+    gl.inline_asm_elementwise(
+        CLUSTER_SYNC_ASM, "=r,r", [anchor], dtype=gl.int32, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def _signal(words, barrier):
+    """4 bytes a thread into the peer's ``words`` (128 of them), completing as many on its
+    ``barrier``."""
+    addresses = words + gl.arange(0, 128, layout=SIGNAL_LAYOUT) * 4
+    gl.inline_asm_elementwise(
+        SIGNAL_ASM, "=r,r,r", [addresses, gl.zeros_like(addresses) + barrier], dtype=gl.int32,
+        is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _opaque(x):
+    """``x``, hidden from the compiler's loop-invariant hoisting (what depends on it is computed
+    where it is used, not kept in registers across the loop)."""
+    return gl.inline_asm_elementwise(
+        "mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1
+    )
+
+
 @gluon.jit
 def _tile_count(lo, hi):
     return gl.maximum(hi - lo + BLOCK_N - 1, 0) // BLOCK_N
@@ -260,6 +380,63 @@ def _ws_producer(cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stri
 
 
 @gluon.jit
+def _ws_producer_crossover(cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride,
+                           k_nope, k_rope, k_ready, k_free, peer_free, rank, smem, nope_offset,
+                           rope_offset, ready_offset, peer_free_offset, signal_offset,
+                           STAGES: gl.constexpr):  # fmt: skip
+    """The producer warpgroup of a crossover pair: this CTA's half of each tile gathered a tile
+    ahead, decoded and stored into this CTA's stage and, from the same registers, into the
+    peer's. A stage is written once this CTA's consumers are done with it (k_free) and the
+    peer's producer says the peer's are (peer_free: each producer signals the other's once its
+    own consumers are done); it is ready once this half is stored and the peer's bytes
+    have arrived (k_ready, a transaction barrier)."""
+    _cluster_sync(rank)
+    peer = 1 - rank
+    remote_nope = _remote_address(smem + nope_offset, peer)
+    remote_rope = _remote_address(smem + rope_offset, peer)
+    remote_ready = _remote_address(smem + ready_offset, peer)
+    remote_free = _remote_address(smem + peer_free_offset, peer)
+    remote_signal = _remote_address(smem + signal_offset, peer)
+    mine = _gather_rows(
+        cache_ptr, slot_row, lo + rank * HALF, hi, block_size, block_stride, row_stride, HALF,
+        WORDS_WG_LAYOUT,
+    )  # fmt: skip
+    for t in range(_tile_count(lo, hi)):
+        stage = t % STAGES
+        ahead = _gather_rows(
+            cache_ptr, slot_row, lo + (t + 1) * BLOCK_N + rank * HALF, hi, block_size,
+            block_stride, row_stride, HALF, WORDS_WG_LAYOUT,
+        )  # fmt: skip
+        mbarrier.wait(k_free.index(stage), (t // STAGES) & 1 ^ 1)
+        _signal(remote_signal + stage * SIGNAL_BYTES, remote_free + stage * 8)  # free for the peer
+        mbarrier.expect(peer_free.index(stage), SIGNAL_BYTES)  # and the peer's stage for this CTA
+        mbarrier.wait(peer_free.index(stage), (t // STAGES) & 1)
+        nope_words = _as_words(k_nope.index(stage))
+        rope = k_rope.index(stage)
+        # the offsets computed here, each tile (held across the loop, their 24 registers spill)
+        nope_offsets = _stage_offsets(_opaque(rank), GROUP // 2, STORE_LAYOUT)
+        rope_offsets = _stage_offsets(_opaque(rank), ROPE // 2, WORDS_WG_LAYOUT)
+        nope_at = remote_nope + stage * NOPE_STAGE_BYTES
+        rope_at = remote_rope + stage * ROPE_STAGE_BYTES
+        ready_at = remote_ready + stage * 8
+        if rank == 0:
+            _store_placed_crossed(
+                nope_words.slice(0, HALF, dim=0), rope.slice(0, HALF, dim=0), mine, nope_at,
+                rope_at, ready_at, nope_offsets, rope_offsets,
+            )  # fmt: skip
+        else:
+            _store_placed_crossed(
+                nope_words.slice(HALF, HALF, dim=0), rope.slice(HALF, HALF, dim=0), mine,
+                nope_at, rope_at, ready_at, nope_offsets, rope_offsets,
+            )  # fmt: skip
+        mine = ahead
+        fence_async_shared()  # this warpgroup's stores before the MMAs' reads
+        _cta_barrier()
+        mbarrier.expect(k_ready.index(stage), HALF_TILE_BYTES)  # the arrival, and the bytes
+    _cluster_sync(rank)
+
+
+@gluon.jit
 def _store_half(part_out_ptr, part, hb, H, o, inv, FIRST: gl.constexpr):
     """Output columns FIRST .. FIRST+255 of heads hb*64 ..: ``o`` times ``inv`` a head."""
     layout: gl.constexpr = gl.SliceLayout(1, O_WG_LAYOUT)
@@ -278,19 +455,23 @@ def _store_half(part_out_ptr, part, hb, H, o, inv, FIRST: gl.constexpr):
 def _ws_softmax(q_nope, q_rope, k_nope, k_rope, p_smem, alpha_smem, inv_smem,
                 k_ready, k_free, p_ready, p_free, done, slot_row, lo, hi, scale_log2,
                 sink_ptr, part_out_ptr, part_lse_ptr, part, hb, H,
-                HAS_SINK: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+                HAS_SINK: gl.constexpr, STAGES: gl.constexpr, CROSSOVER: gl.constexpr):  # fmt: skip
     """The softmax warpgroup: S = Q K^T over the whole tile, the online softmax, P and the
     rescale handed to the PV warpgroup, O += P V over output columns 0 .. 255; at the end the
     normalisation (shared with the PV warpgroup) and the LSE."""
     rows_layout: gl.constexpr = gl.SliceLayout(1, S_WG_LAYOUT)
     entries_layout: gl.constexpr = gl.SliceLayout(0, S_WG_LAYOUT)
     out_rows_layout: gl.constexpr = gl.SliceLayout(1, O_WG_LAYOUT)
+    if CROSSOVER:
+        _cluster_sync(hb)
     m_i = gl.full([HEADS], float("-inf"), gl.float32, rows_layout)
     l_i = gl.zeros([HEADS], gl.float32, rows_layout)
     o = gl.zeros([HEADS, NOPE // 2], gl.float32, O_WG_LAYOUT)
     for t in range(_tile_count(lo, hi)):
         stage = t % STAGES
         mbarrier.wait(k_ready.index(stage), (t // STAGES) & 1)
+        if CROSSOVER:
+            fence_async_shared()  # the peer's remote stores (generic proxy) before the MMAs
         zero = gl.zeros([HEADS, BLOCK_N], gl.float32, S_WG_LAYOUT)
         pending = warpgroup_mma(
             q_nope, k_nope.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True
@@ -317,18 +498,25 @@ def _ws_softmax(q_nope, q_rope, k_nope, k_rope, p_smem, alpha_smem, inv_smem,
     mbarrier.arrive(done)
     gl.store(part_lse_ptr + part * H + heads, lse, mask=h_mask)
     _store_half(part_out_ptr, part, hb, H, o, inv, 0)
+    if CROSSOVER:
+        _cluster_sync(hb)
 
 
 @gluon.jit
 def _ws_pv(k_nope, p_smem, alpha_smem, inv_smem, k_free, p_ready, p_free, done, lo, hi,
-           part_out_ptr, part, hb, H, STAGES: gl.constexpr):  # fmt: skip
+           part_out_ptr, part, hb, H, STAGES: gl.constexpr,
+           CROSSOVER: gl.constexpr):  # fmt: skip
     """The PV warpgroup: O += P V over output columns 256 .. 511, P and the rescale from the
     softmax warpgroup."""
     out_rows_layout: gl.constexpr = gl.SliceLayout(1, O_WG_LAYOUT)
+    if CROSSOVER:
+        _cluster_sync(hb)
     o = gl.zeros([HEADS, NOPE // 2], gl.float32, O_WG_LAYOUT)
     for t in range(_tile_count(lo, hi)):
         stage = t % STAGES
         mbarrier.wait(p_ready, t & 1)
+        if CROSSOVER:
+            fence_async_shared()
         alpha = alpha_smem.load(out_rows_layout)
         o = o * gl.expand_dims(alpha, 1)
         o = warpgroup_mma(p_smem, k_nope.index(stage).slice(NOPE // 2, NOPE // 2, dim=1), o)
@@ -337,9 +525,19 @@ def _ws_pv(k_nope, p_smem, alpha_smem, inv_smem, k_free, p_ready, p_free, done, 
         mbarrier.arrive(k_free.index(stage))
     mbarrier.wait(done, 0)
     _store_half(part_out_ptr, part, hb, H, o, inv_smem.load(out_rows_layout), NOPE // 2)
+    if CROSSOVER:
+        _cluster_sync(hb)
 
 
-@gluon.jit
+@gluon.jit(
+    do_not_specialize=[
+        "nope_offset",
+        "rope_offset",
+        "ready_offset",
+        "peer_free_offset",
+        "signal_offset",
+    ]
+)
 def _sparse_mla_decode_ws_kernel(
     q_ptr,  # [R, H, 576] bfloat16
     cache_ptr,  # uint8 fp8_ds_mla rows, block stride and row stride below
@@ -355,20 +553,32 @@ def _sparse_mla_decode_ws_kernel(
     cache_block_stride,
     cache_row_stride,
     scale_log2,  # softmax_scale * log2(e)
+    nope_offset,  # with CROSSOVER, the offsets in shared memory of k_nope, k_rope, k_ready,
+    rope_offset,  # peer_free and signal (_crossover_offsets); else unused
+    ready_offset,
+    peer_free_offset,
+    signal_offset,
     HAS_LENS: gl.constexpr,
     HAS_SINK: gl.constexpr,
     STAGES: gl.constexpr,  # ring stages, 1 or 2
+    CROSSOVER: gl.constexpr,  # a 128-head row's two CTAs one cluster (launched as one)
 ):
     """A program (row, 64 heads, split) by three warpgroups: a producer gathering and decoding
     tiles into the ring, a softmax warpgroup (QK, softmax, PV over the first 256 output
     columns) and a PV warpgroup (the other 256), handing stages and P over by mbarriers, as
     FlashMLA's sm_90 kernel does."""
     gl.static_assert(gl.num_warps() == 4, "the default partition is one warpgroup")
-    r = gl.program_id(0).to(gl.int64)
-    hb = gl.program_id(1)
+    if CROSSOVER:  # the CTAs of a cluster are consecutive: rank = the head block
+        r = (gl.program_id(0) // 2).to(gl.int64)
+        hb = gl.program_id(0) % 2
+        rows = gl.num_programs(0) // 2
+    else:
+        r = gl.program_id(0).to(gl.int64)
+        hb = gl.program_id(1)
+        rows = gl.num_programs(0)
     split = gl.program_id(2)
     lo, hi, slot_row = _span(r, split, slots_ptr, lens_ptr, k, chunk, HAS_LENS)
-    part = split * gl.num_programs(0) + r
+    part = split * rows + r
 
     heads = hb * HEADS + gl.arange(0, HEADS, layout=gl.SliceLayout(1, Q_WG_LAYOUT))
     q_rows = q_ptr + (r * H + gl.expand_dims(heads, 1).to(gl.int64)) * (NOPE + ROPE)
@@ -391,40 +601,79 @@ def _sparse_mla_decode_ws_kernel(
     inv_smem = gl.allocate_shared_memory(gl.float32, [HEADS], ROW_SMEM)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    peer_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    # where the peer's signals land (found by _crossover_offsets)
+    signal = gl.allocate_shared_memory(gl.int32, [STAGES, 128], SIGNAL_SMEM)
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(k_free.index(s), count=2)  # both consumer warpgroups
+        mbarrier.init(peer_free.index(s), count=1)  # the producer's, and the peer's signal
     mbarrier.init(p_ready, count=1)
     mbarrier.init(p_free, count=1)
     mbarrier.init(done, count=1)
     fence_async_shared()  # the queries' stores before the MMA's reads
     _cta_barrier()  # and every thread's, before any warp's MMA
 
-    gl.warp_specialize(
-        [
-            (
-                _ws_softmax,
-                (q_nope, q_rope, k_nope, k_rope, p_smem, alpha_smem, inv_smem, k_ready, k_free,
-                 p_ready, p_free, done, slot_row, lo, hi, scale_log2, sink_ptr, part_out_ptr,
-                 part_lse_ptr, part, hb, H, HAS_SINK, STAGES),
-            ),
-            (
-                _ws_pv,
-                (k_nope, p_smem, alpha_smem, inv_smem, k_free, p_ready, p_free, done, lo, hi,
-                 part_out_ptr, part, hb, H, STAGES),
-            ),
-            (
-                _ws_producer,
-                (cache_ptr, slot_row, lo, hi, block_size, cache_block_stride, cache_row_stride,
-                 k_nope, k_rope, k_ready, k_free, STAGES),
-            ),
-        ],
-        [4, 4],
-        [PV_REGS, PRODUCER_REGS],
-    )  # fmt: skip
+    if CROSSOVER:
+        zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
+        signal.store(gl.zeros([STAGES, 128], gl.int32, zeros_layout))  # and the buffer kept
+        smem = gl.inline_asm_elementwise(
+            SMEM_BASE_ASM, "=r,r", [hb], dtype=gl.int32, is_pure=True, pack=1
+        )
+        gl.inline_asm_elementwise(
+            "fence.mbarrier_init.release.cluster; mov.u32 $0, 0;", "=r,r", [hb],
+            dtype=gl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+        gl.warp_specialize(
+            [
+                (
+                    _ws_softmax,
+                    (q_nope, q_rope, k_nope, k_rope, p_smem, alpha_smem, inv_smem, k_ready, k_free,
+                     p_ready, p_free, done, slot_row, lo, hi, scale_log2, sink_ptr, part_out_ptr,
+                     part_lse_ptr, part, hb, H, HAS_SINK, STAGES, True),
+                ),
+                (
+                    _ws_pv,
+                    (k_nope, p_smem, alpha_smem, inv_smem, k_free, p_ready, p_free, done, lo, hi,
+                     part_out_ptr, part, hb, H, STAGES, True),
+                ),
+                (
+                    _ws_producer_crossover,
+                    (cache_ptr, slot_row, lo, hi, block_size, cache_block_stride,
+                     cache_row_stride, k_nope, k_rope, k_ready, k_free, peer_free, hb, smem,
+                     nope_offset, rope_offset, ready_offset, peer_free_offset, signal_offset,
+                     STAGES),
+                ),
+            ],
+            [4, 4],
+            [PV_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (
+                    _ws_softmax,
+                    (q_nope, q_rope, k_nope, k_rope, p_smem, alpha_smem, inv_smem, k_ready, k_free,
+                     p_ready, p_free, done, slot_row, lo, hi, scale_log2, sink_ptr, part_out_ptr,
+                     part_lse_ptr, part, hb, H, HAS_SINK, STAGES, False),
+                ),
+                (
+                    _ws_pv,
+                    (k_nope, p_smem, alpha_smem, inv_smem, k_free, p_ready, p_free, done, lo, hi,
+                     part_out_ptr, part, hb, H, STAGES, False),
+                ),
+                (
+                    _ws_producer,
+                    (cache_ptr, slot_row, lo, hi, block_size, cache_block_stride,
+                     cache_row_stride, k_nope, k_rope, k_ready, k_free, STAGES),
+                ),
+            ],
+            [4, 4],
+            [PV_REGS, PRODUCER_REGS],
+        )  # fmt: skip
 
 
 def shape_reasons(q: torch.Tensor, cache: torch.Tensor, fmt: str) -> list[str]:
@@ -449,6 +698,66 @@ def default_splits(rows: int, head_blocks: int, k: int, multiprocessors: int) ->
     return max(1, min(triton.cdiv(k, 2 * 64), multiprocessors // programs))
 
 
+_CROSSOVER_BUFFERS = ("k_nope", "k_rope", "k_ready", "peer_free", "signal")
+
+
+def _crossover_offsets(compiled) -> tuple[int, ...]:
+    """Where the compiler put k_nope, k_rope, k_ready, peer_free and signal in shared memory:
+    the passes of the backend's make_llir up to its shared-memory allocation, run again over
+    the kernel's TTGIR (the same input, so the same offsets), and the allocation's offsets read
+    back. The crossover's PTX addresses the peer's copies of these buffers by them."""
+    import re
+    import tempfile
+
+    from triton._C.libtriton import ir, nvidia, passes
+    from triton.backends.nvidia.compiler import get_ptx_version_from_options
+
+    context = ir.context()
+    ir.load_dialects(context)
+    nvidia.load_dialects(context)
+    with tempfile.NamedTemporaryFile("w", suffix=".ttgir") as source:
+        source.write(compiled.asm["ttgir"])
+        source.flush()
+        module = ir.parse_mlir_module(source.name, context)
+    module.context = context
+    arch = compiled.metadata.target.arch
+    manager = ir.pass_manager(context)
+    passes.ttgpuir.add_combine_tensor_select_and_if(manager)
+    passes.ttgpuir.add_allocate_warp_groups(manager)
+    passes.convert.add_scf_to_cf(manager)
+    passes.gluon.add_inliner(manager)
+    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(
+        manager, arch, get_ptx_version_from_options(compiled.metadata, arch)
+    )
+    manager.run(module, "crossover_offsets")
+    text = str(module)
+    offsets = []
+    for name in _CROSSOVER_BUFFERS:
+        found = re.findall(rf"%{name} = ttg\.local_alloc[^\n]*allocation\.offset = (\d+)", text)
+        if len(found) != 1:
+            raise RuntimeError(f"sparse_mla.decode (gluon): no single offset for {name} ({found})")
+        offsets.append(int(found[0]))
+    return tuple(offsets)
+
+
+def _crossover_launch(grid, args, constexprs) -> None:
+    """Launch the crossover kernel as clusters of two CTAs, one cluster a 128-head row: Gluon
+    3.6 builds it for one CTA (its layouts know no clusters), so the compiled kernel's launch
+    metadata is given two CTAs a cluster (the launcher then starts twice grid[0] CTAs, in
+    clusters of two), and the buffers' offsets are found once a compiled kernel."""
+    kernel = _sparse_mla_decode_ws_kernel
+    compiled = kernel.warmup(*args, 0, 0, 0, 0, 0, grid=grid, CROSSOVER=True, **constexprs)
+    offsets = getattr(compiled, "_hwrun_crossover_offsets", None)
+    if offsets is None:
+        warps, ctas, shared = compiled.packed_metadata
+        if ctas != 1:
+            raise RuntimeError(f"sparse_mla.decode (gluon): built for {ctas} CTAs, not one")
+        offsets = _crossover_offsets(compiled)
+        compiled.packed_metadata = (warps, 2, shared)
+        compiled._hwrun_crossover_offsets = offsets
+    kernel[grid](*args, *offsets, CROSSOVER=True, **constexprs)
+
+
 def decode(
     q: torch.Tensor,  # [B, s, H, 576] bfloat16
     cache: torch.Tensor,  # [num_blocks, block_size, 656] uint8, fp8_ds_mla rows
@@ -458,9 +767,12 @@ def decode(
     attn_sink: torch.Tensor | None = None,  # [H] float32
     splits: int | None = None,
     stages: int = 2,
+    crossover: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [B, s, H, 512] bf16, lse [B, s, H] fp32
     """``sparse_mla.decode`` over fp8_ds_mla rows (see :func:`shape_reasons`); ``splits``:
-    parts of the top-k list (default :func:`default_splits`), ``stages``: 2 or 1 ring stages."""
+    parts of the top-k list (default :func:`default_splits`), ``stages``: 2 or 1 ring stages;
+    ``crossover``: a 128-head row's two programs as one cluster, each decoding half of every
+    tile for both."""
     problems = shape_reasons(q, cache, "fp8_ds_mla")
     if problems:
         raise ValueError("sparse_mla.decode (gluon): " + "; ".join(problems))
@@ -472,6 +784,8 @@ def decode(
     if stages not in (1, 2):
         raise ValueError(f"sparse_mla.decode (gluon): stages must be 1 or 2, got {stages}")
     head_blocks = triton.cdiv(H, 64)
+    if crossover and H != 128:
+        raise ValueError(f"sparse_mla.decode (gluon): the crossover pairs 128 heads, got {H}")
     if splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         splits = default_splits(rows, head_blocks, k, sms)
@@ -485,7 +799,7 @@ def decode(
     if rows == 0:
         return part_out[0].reshape(B, S, H, 512), part_lse[0].reshape(B, S, H)
     lens = part_lse if topk_length is None else topk_length.reshape(rows).to(torch.int32)
-    _sparse_mla_decode_ws_kernel[(rows, head_blocks, splits)](
+    args = (
         q.reshape(rows, H, 576).contiguous(),
         cache,
         slots.reshape(rows, k).to(torch.int32).contiguous(),
@@ -500,11 +814,19 @@ def decode(
         cache.stride(0),
         cache.stride(1),
         float(softmax_scale) * _LOG2E,
+    )
+    constexprs = dict(
         HAS_LENS=topk_length is not None,
         HAS_SINK=direct and attn_sink is not None,
         STAGES=stages,
         num_warps=4,
     )
+    if crossover:
+        _crossover_launch((rows, 1, splits), args, constexprs)
+    else:
+        _sparse_mla_decode_ws_kernel[(rows, head_blocks, splits)](
+            *args, 0, 0, 0, 0, 0, CROSSOVER=False, **constexprs
+        )
     if direct:
         out, lse = part_out[0], part_lse[0]
     else:

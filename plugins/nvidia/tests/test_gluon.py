@@ -9,6 +9,7 @@ Its numerics are checked on the H200 (test_gluon_gpu.py) and its unpack by the P
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -338,9 +339,10 @@ def test_sparse_mla_falls_back_to_triton_for_other_calls(monkeypatch):
     assert len(calls) == 1
 
 
-def _build_sparse_mla(stages: int) -> str:
+def _build_sparse_mla(stages: int, crossover: bool) -> str:
     """In the child: the sparse MLA kernel's sm_90 cubin, as its shared-memory size, then
-    cuobjdump's resource usage and SASS."""
+    cuobjdump's resource usage and SASS; crossed over, first the buffers' offsets the launch
+    finds (``OFFSETS:``)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from hwrun_nvidia import gluon_sparse_mla as kernel
@@ -350,16 +352,25 @@ def _build_sparse_mla(stages: int) -> str:
     signature = dict(zip((*names, "part_lse_ptr"), pointers, strict=True))
     ints = ("k", "H", "chunk", "block_size", "cache_block_stride", "cache_row_stride")
     signature |= dict.fromkeys(ints, "i32") | {"scale_log2": "fp32"}
-    signature |= dict.fromkeys(("HAS_LENS", "HAS_SINK", "STAGES"), "constexpr")
+    offsets = ("nope_offset", "rope_offset", "ready_offset", "peer_free_offset", "signal_offset")
+    signature |= dict.fromkeys(offsets, "i32")
+    signature |= dict.fromkeys(("HAS_LENS", "HAS_SINK", "STAGES", "CROSSOVER"), "constexpr")
     # As a launch specialises them: 16-byte aligned pointers and strides of 16 B units.
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 11, 12)}
-    constexprs = {"HAS_LENS": True, "HAS_SINK": True, "STAGES": stages}
+    constexprs = {"HAS_LENS": True, "HAS_SINK": True, "STAGES": stages, "CROSSOVER": crossover}
     source = GluonASTSource(kernel._sparse_mla_decode_ws_kernel, signature, constexprs, attrs)
-    return _cubin_report(source, {"num_warps": 4}, f"sparse_mla{stages}")
+    name = f"sparse_mla{stages}{'x' if crossover else ''}"
+    if not crossover:
+        return _cubin_report(source, {"num_warps": 4}, name)
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    offsets = kernel._crossover_offsets(triton.compile(source, GPUTarget("cuda", 90, 32), {}))
+    return f"OFFSETS:{','.join(map(str, offsets))}\n" + _cubin_report(source, {}, name)
 
 
 def test_warp_specialised_sparse_mla_cubin_keeps_the_design(tmp_path):
-    out = _child_build(tmp_path, "sparse_mla", "2")  # two ring stages, the default
+    out = _child_build(tmp_path, "sparse_mla", "2", "0")  # two ring stages, the default
     shared = int(re.search(r"SHARED_BYTES:(\d+)", out).group(1))
     assert shared <= 232448, shared
     spilled = int(re.search(r"STACK:(\d+)", out).group(1))
@@ -376,12 +387,38 @@ def test_warp_specialised_sparse_mla_cubin_keeps_the_design(tmp_path):
     # The codes placed in bf16 bits and scaled by the bf16 multiply, no conversions
     assert "F2FP.F16.E4M3.UNPACK_B" not in out
     assert out.count("PRMT") >= 128 and "HMUL2.BF16" in out
+    assert "STAS" not in out and "UCGABAR" not in out  # one CTA: no cluster
+
+
+def test_crossover_sparse_mla_cubin_stores_halves_into_the_pair(tmp_path):
+    out = _child_build(tmp_path, "sparse_mla", "2", "1")
+    offsets = re.search(r"OFFSETS:([\d,]+)", out).group(1).split(",")
+    nope, rope, ready, peer_free, signal = map(int, offsets)
+    shared = int(re.search(r"SHARED_BYTES:(\d+)", out).group(1))
+    assert shared <= 232448, shared
+    # The buffers as the kernel declares them: two stages of [64, 512] and [64, 64] bf16 (1 KB
+    # aligned, as the 128-byte swizzle needs), two 8-byte barriers of each kind, 2 x 512 bytes
+    # of signals, none overlapping.
+    spans = sorted(
+        [(nope, 2 * 65536), (rope, 2 * 8192), (ready, 16), (peer_free, 16), (signal, 1024)]
+    )
+    assert nope % 1024 == 0 and rope % 1024 == 0
+    assert all(a + n <= b for (a, n), (b, _) in itertools.pairwise(spans))
+    assert sum(spans[-1]) <= shared
+    spilled = int(re.search(r"STACK:(\d+)", out).group(1))
+    assert spilled <= 128, spilled  # as the one-CTA kernel: the loops' asm does not spill
+    # Each tile's half stored into the peer from the decoding registers, 16 bytes a store (18 a
+    # thread; Triton 3.6 keeps a copy in each rank's branch, 3.9 one), the producers' signals,
+    # the cluster synchronised at each partition's start and end; QK as in the one-CTA kernel.
+    assert out.count("STAS.128") in (18, 36) and "STAS " in out
+    assert out.count("UCGABAR_ARV") == 6 and out.count("UCGABAR_WAIT") == 6
+    assert out.count("HGMMA.64x64x16.F32.BF16") == 36
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "layouts":
         print(_layouts())
     elif sys.argv[1] == "sparse_mla":
-        print(_build_sparse_mla(int(sys.argv[2])))
+        print(_build_sparse_mla(int(sys.argv[2]), sys.argv[3] == "1"))
     else:
         print(_build(sys.argv[1], int(sys.argv[2])))
