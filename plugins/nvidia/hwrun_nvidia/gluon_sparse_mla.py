@@ -232,15 +232,16 @@ def _as_words(k_nope):
 
 
 # The crossover (FlashMLA's name): the two programs of a 128-head row run as one cluster of two
-# CTAs; each gathers and decodes half of every tile (rows rank*32 .. rank*32+31) into its own
-# stage and copies that half into its peer's (the same offsets of the peer's shared memory), so
-# each decodes half the rows it reads. Gluon 3.6 has no cluster operations, so these are PTX;
-# the offsets of the stages and barriers come from the allocation the compiler made
-# (:func:`_crossover_offsets`), the cluster from the launch (:func:`_crossover_launch`).
+# CTAs; each gathers and decodes half of every tile (rows rank*32 .. rank*32+31) and stores it
+# into its own stage and, from the same registers, into its peer's (the same offsets of the
+# peer's shared memory), so each decodes half the rows it reads. Gluon 3.6 has no cluster
+# operations, so these are PTX; the offsets of the stages and barriers come from the allocation
+# the compiler made (:func:`_crossover_offsets`), the cluster from the launch
+# (:func:`_crossover_launch`).
 SMEM_BASE_ASM = gl.constexpr("mov.b32 $0, global_smem;")
 # Every thread of both CTAs, at the start and end of each partition: the barriers are
-# initialised before the peer touches them, and no CTA exits while its peer's copies or
-# arrivals may still reach it (or its own copies still read it).
+# initialised before the peer touches them, and no CTA exits while its peer's stores or
+# signals may still reach it.
 CLUSTER_SYNC_ASM = gl.constexpr(
     "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;"
 )
@@ -265,8 +266,10 @@ REMOTE_STORE_ASM = gl.constexpr(
     " mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;"
 )
 REMOTE_STORE_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 12))
-# A group's decoded words [32, 64] as the remote stores take them: 8 consecutive words (two
-# 16-byte pieces of a row) a thread.
+# A group's decoded words [32, 64] as the stores take them: 4 consecutive words (a 16-byte
+# piece) a thread, 8 threads a 128-byte row, so a warp's remote store covers whole rows (the
+# decode's own layout, 32 contiguous bytes a thread, covers every other piece: 161.6 us at B=64
+# against 135.4).
 STORE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]))
 
 
@@ -434,6 +437,25 @@ def _ws_producer_crossover(cache_ptr, slot_row, lo, hi, block_size, block_stride
         _cta_barrier()
         mbarrier.expect(k_ready.index(stage), HALF_TILE_BYTES)  # the arrival, and the bytes
     _cluster_sync(rank)
+
+
+@gluon.jit
+def _ws_producer_any(cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride, k_nope,
+                     k_rope, k_ready, k_free, peer_free, rank, smem, nope_offset, rope_offset,
+                     ready_offset, peer_free_offset, signal_offset, STAGES: gl.constexpr,
+                     CROSSOVER: gl.constexpr):  # fmt: skip
+    """The producer partition: :func:`_ws_producer_crossover` or :func:`_ws_producer`."""
+    if CROSSOVER:
+        _ws_producer_crossover(
+            cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride, k_nope, k_rope,
+            k_ready, k_free, peer_free, rank, smem, nope_offset, rope_offset, ready_offset,
+            peer_free_offset, signal_offset, STAGES,
+        )  # fmt: skip
+    else:
+        _ws_producer(
+            cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride, k_nope, k_rope,
+            k_ready, k_free, STAGES,
+        )  # fmt: skip
 
 
 @gluon.jit
@@ -627,53 +649,31 @@ def _sparse_mla_decode_ws_kernel(
             "fence.mbarrier_init.release.cluster; mov.u32 $0, 0;", "=r,r", [hb],
             dtype=gl.int32, is_pure=False, pack=1,
         )  # fmt: skip
-        gl.warp_specialize(
-            [
-                (
-                    _ws_softmax,
-                    (q_nope, q_rope, k_nope, k_rope, p_smem, alpha_smem, inv_smem, k_ready, k_free,
-                     p_ready, p_free, done, slot_row, lo, hi, scale_log2, sink_ptr, part_out_ptr,
-                     part_lse_ptr, part, hb, H, HAS_SINK, STAGES, True),
-                ),
-                (
-                    _ws_pv,
-                    (k_nope, p_smem, alpha_smem, inv_smem, k_free, p_ready, p_free, done, lo, hi,
-                     part_out_ptr, part, hb, H, STAGES, True),
-                ),
-                (
-                    _ws_producer_crossover,
-                    (cache_ptr, slot_row, lo, hi, block_size, cache_block_stride,
-                     cache_row_stride, k_nope, k_rope, k_ready, k_free, peer_free, hb, smem,
-                     nope_offset, rope_offset, ready_offset, peer_free_offset, signal_offset,
-                     STAGES),
-                ),
-            ],
-            [4, 4],
-            [PV_REGS, PRODUCER_REGS],
-        )  # fmt: skip
     else:
-        gl.warp_specialize(
-            [
-                (
-                    _ws_softmax,
-                    (q_nope, q_rope, k_nope, k_rope, p_smem, alpha_smem, inv_smem, k_ready, k_free,
-                     p_ready, p_free, done, slot_row, lo, hi, scale_log2, sink_ptr, part_out_ptr,
-                     part_lse_ptr, part, hb, H, HAS_SINK, STAGES, False),
-                ),
-                (
-                    _ws_pv,
-                    (k_nope, p_smem, alpha_smem, inv_smem, k_free, p_ready, p_free, done, lo, hi,
-                     part_out_ptr, part, hb, H, STAGES, False),
-                ),
-                (
-                    _ws_producer,
-                    (cache_ptr, slot_row, lo, hi, block_size, cache_block_stride,
-                     cache_row_stride, k_nope, k_rope, k_ready, k_free, STAGES),
-                ),
-            ],
-            [4, 4],
-            [PV_REGS, PRODUCER_REGS],
-        )  # fmt: skip
+        smem = 0
+    gl.warp_specialize(
+        [
+            (
+                _ws_softmax,
+                (q_nope, q_rope, k_nope, k_rope, p_smem, alpha_smem, inv_smem, k_ready, k_free,
+                 p_ready, p_free, done, slot_row, lo, hi, scale_log2, sink_ptr, part_out_ptr,
+                 part_lse_ptr, part, hb, H, HAS_SINK, STAGES, CROSSOVER),
+            ),
+            (
+                _ws_pv,
+                (k_nope, p_smem, alpha_smem, inv_smem, k_free, p_ready, p_free, done, lo, hi,
+                 part_out_ptr, part, hb, H, STAGES, CROSSOVER),
+            ),
+            (
+                _ws_producer_any,
+                (cache_ptr, slot_row, lo, hi, block_size, cache_block_stride, cache_row_stride,
+                 k_nope, k_rope, k_ready, k_free, peer_free, hb, smem, nope_offset, rope_offset,
+                 ready_offset, peer_free_offset, signal_offset, STAGES, CROSSOVER),
+            ),
+        ],
+        [4, 4],
+        [PV_REGS, PRODUCER_REGS],
+    )  # fmt: skip
 
 
 def shape_reasons(q: torch.Tensor, cache: torch.Tensor, fmt: str) -> list[str]:
