@@ -168,6 +168,11 @@ def gluon_paged_row(
             for st in stages
             for form in forms
             if not (form.get("pairs") and st % 2)
+        ] + [  # the persistent grid shares the pages out itself
+            {"persistent": True, "stages": st, **form}
+            for st in stages
+            for form in forms
+            if not (form.get("pairs") and st % 2)
         ]
         cfg = _tune(f"gluon logits_paged {fmt} B={batch}", run, grid, log)
     got, want = run(**cfg), triton_run()

@@ -344,12 +344,49 @@ def _store_logits(acc, w, scale, tok, length, max_ctx, out_row):
 
 
 @gluon.jit
-def _fill_past_keys(out_row, first, num_ctx_blocks, SPLITS, max_ctx, out_rows):
-    """-inf over pages first, first + SPLITS, ... (past the request's keys)."""
+def _fill_past_keys(out_row, first, last, stride, max_ctx, out_rows):
+    """-inf over pages first, first + stride, ... below ``last`` (past the request's keys)."""
     neg_inf = gl.full([BLOCK_SIZE], float("-inf"), gl.float32, out_rows.type.layout)
-    for j in range(first, num_ctx_blocks, SPLITS):
+    for j in range(first, last, stride):
         tok = j * BLOCK_SIZE + out_rows
         gl.store(out_row + tok, neg_inf, mask=tok < max_ctx)
+
+
+@gluon.jit
+def _score_request(
+    q_ptr, w_ptr, cache_ptr, table_ptr, lens_ptr, out_ptr, cache_block_stride, table_stride,
+    out_stride, max_ctx, num_ctx_blocks, b, first, last, stride, H: gl.constexpr,
+    HP: gl.constexpr, STAGES: gl.constexpr, MXFP4: gl.constexpr, OVERLAP: gl.constexpr,
+    PAIRS: gl.constexpr, acc_layout: gl.constexpr,
+):  # fmt: skip
+    """Request b's pages first, first + stride, ... below ``last``: those holding keys scored
+    (STAGES pages in flight or in hand, by cp.async into a ring in shared memory), the rest
+    written -inf."""
+    length = gl.load(lens_ptr + b)
+    key_blocks = gl.minimum((length + BLOCK_SIZE - 1) // BLOCK_SIZE, num_ctx_blocks)
+    scored = gl.minimum(key_blocks, last)  # the scoring loops' end
+    table_row = table_ptr + b * table_stride
+    out_row = out_ptr + b * out_stride
+    out_rows = gl.arange(0, BLOCK_SIZE, layout=gl.SliceLayout(1, acc_layout))
+    if MXFP4 and PAIRS:
+        _score_mxfp4_pairs(
+            q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, first,
+            length, scored, max_ctx, stride, H, HP, STAGES, acc_layout,
+        )  # fmt: skip
+    elif MXFP4:
+        _score_mxfp4_pages(
+            q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, first,
+            length, scored, max_ctx, stride, H, HP, STAGES, acc_layout,
+        )  # fmt: skip
+    else:
+        _score_fp8_pages(
+            q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, first,
+            length, scored, max_ctx, stride, H, HP, STAGES, OVERLAP, acc_layout,
+        )  # fmt: skip
+    async_copy.wait_group(0)  # no copy outlives the request's share
+    # The same pages' rest, those at or past key_blocks
+    past = first + (gl.maximum(key_blocks - first, 0) + stride - 1) // stride * stride
+    _fill_past_keys(out_row, past, last, stride, max_ctx, out_rows)
 
 
 @gluon.jit
@@ -365,45 +402,44 @@ def _paged_logits_kernel(
     out_stride,
     max_ctx,
     num_ctx_blocks,
-    SPLITS,
+    SPLITS,  # the split grid's programs a request (the persistent grid: unused)
+    batch,
     H: gl.constexpr,
     HP: gl.constexpr,
     STAGES: gl.constexpr,
     MXFP4: gl.constexpr,  # mxfp4 keys (68 B a token), else fp8 (132 B)
     OVERLAP: gl.constexpr,  # fp8: each page's MMA async, beside the last page's sums
     PAIRS: gl.constexpr,  # mxfp4: two pages an iteration
+    PERSISTENT: gl.constexpr = False,
 ):
-    """Program (b, split) scores pages split, split + SPLITS, ... of request b (STAGES pages in
-    flight or in hand, by cp.async into a ring in shared memory), then writes -inf over its
-    share of the pages past the request's length."""
+    """The split grid: program (b, split) takes pages split, split + SPLITS, ... of request b.
+    The persistent grid (PERSISTENT): program p of P takes the p-th of P equal contiguous
+    shares of every request's pages laid end to end (num_ctx_blocks a request), so that no
+    multiprocessor idles while others finish (B=64 x 10 split programs filled 128 of 132
+    multiprocessors at 5 a multiprocessor)."""
     gl.static_assert(gl.num_warps() == 4, "one warpgroup: the MMA's 64 rows")
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HP, 32]
     )
-    b = gl.program_id(0).to(gl.int64)
-    split = gl.program_id(1)
-    length = gl.load(lens_ptr + b)
-    key_blocks = gl.minimum((length + BLOCK_SIZE - 1) // BLOCK_SIZE, num_ctx_blocks)
-    table_row = table_ptr + b * table_stride
-    out_row = out_ptr + b * out_stride
-    out_rows = gl.arange(0, BLOCK_SIZE, layout=gl.SliceLayout(1, acc_layout))
-    if MXFP4 and PAIRS:
-        _score_mxfp4_pairs(
-            q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split,
-            length, key_blocks, max_ctx, SPLITS, H, HP, STAGES, acc_layout,
-        )  # fmt: skip
-    elif MXFP4:
-        _score_mxfp4_pages(
-            q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split,
-            length, key_blocks, max_ctx, SPLITS, H, HP, STAGES, acc_layout,
-        )  # fmt: skip
+    args = (q_ptr, w_ptr, cache_ptr, table_ptr, lens_ptr, out_ptr, cache_block_stride,
+            table_stride, out_stride, max_ctx, num_ctx_blocks)  # fmt: skip
+    if PERSISTENT:
+        # int64 for the products only: the shares' bounds are pages (< 2^31). (batch and
+        # num_ctx_blocks may arrive as constexpr 1s, specialised by the launch.)
+        program = gl.program_id(0).to(gl.int64)
+        programs = gl.num_programs(0)
+        lo = (program * batch * num_ctx_blocks // programs).to(gl.int32)
+        hi = ((program + 1) * batch * num_ctx_blocks // programs).to(gl.int32)
+        for b in range(lo // num_ctx_blocks, (hi + num_ctx_blocks - 1) // num_ctx_blocks):
+            base = b * num_ctx_blocks
+            first = gl.maximum(lo, base) - base
+            last = gl.minimum(hi, base + num_ctx_blocks) - base
+            _score_request(*args, b.to(gl.int64), first, last, 1, H, HP, STAGES, MXFP4,
+                           OVERLAP, PAIRS, acc_layout)  # fmt: skip
+            _cta_barrier()  # every warp done with the request's shared memory
     else:
-        _score_fp8_pages(
-            q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split,
-            length, key_blocks, max_ctx, SPLITS, H, HP, STAGES, OVERLAP, acc_layout,
-        )  # fmt: skip
-    async_copy.wait_group(0)  # no copy outlives the program
-    _fill_past_keys(out_row, key_blocks + split, num_ctx_blocks, SPLITS, max_ctx, out_rows)
+        _score_request(*args, gl.program_id(0).to(gl.int64), gl.program_id(1), num_ctx_blocks,
+                       SPLITS, H, HP, STAGES, MXFP4, OVERLAP, PAIRS, acc_layout)  # fmt: skip
 
 
 @gluon.jit
@@ -686,6 +722,7 @@ def logits_paged(
     overlap: bool = False,
     max_registers: int | None = -1,
     pairs: bool | None = None,
+    persistent: bool = False,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
     """The kernels' launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
@@ -696,7 +733,9 @@ def logits_paged(
     ``max_registers``: ptxas's cap a thread, None for none (default -1: the format's, mxfp4
     128: four programs an SM instead of three, for ~10 spill reloads a page from L1); ``pairs``
     (mxfp4 keys, an even number of stages of at least 4): two pages an iteration, one ring wait
-    and one barrier for both (default None: the format's, mxfp4 paired when the stages allow)."""
+    and one barrier for both (default None: the format's, mxfp4 paired when the stages allow);
+    ``persistent``: ``per_sm`` programs a multiprocessor (or fewer, each with at least 4 pages),
+    each taking an equal contiguous share of all requests' pages (``splits`` then unused)."""
     kernel = KERNELS[fmt]
     mxfp4, per_sm = kernel.mxfp4, kernel.per_sm
     stages = kernel.stages if stages is None else stages
@@ -718,20 +757,32 @@ def logits_paged(
     out = torch.empty((B, max_ctx), dtype=torch.float32, device=q.device)
     if B == 0 or max_ctx == 0:
         return out
+    if persistent and splits is not None:
+        raise ValueError(
+            f"gluon logits_paged: splits={splits} sets the split grid; persistent=True shares "
+            "the pages out itself (leave splits unset)"
+        )
     num_ctx_blocks = triton.cdiv(max_ctx, BLOCK_SIZE.value)
-    if splits is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        splits = default_splits(B, num_ctx_blocks, sms, per_sm)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    if persistent:
+        grid = (max(1, min(per_sm * sms, triton.cdiv(B * num_ctx_blocks, 4))),)
+        splits = 1
+    else:
+        if splits is None:
+            splits = default_splits(B, num_ctx_blocks, sms, per_sm)
+        grid = (B, splits)
     table = block_table.to(torch.int32)
-    _paged_logits_kernel[(B, splits)](
+    _paged_logits_kernel[grid](
         *paged_kernel_args(q, weights, cache, table, context_lens, out, max_ctx, num_ctx_blocks),
         splits,
+        B,
         H=H,
         HP=max(16, triton.next_power_of_2(H)),
         STAGES=stages,
         MXFP4=mxfp4,
         OVERLAP=overlap,
         PAIRS=pairs,
+        PERSISTENT=persistent,
         num_warps=4,
         **({} if max_registers is None else {"maxnreg": max_registers}),
     )

@@ -202,8 +202,9 @@ def _build(fmt: str, heads: int) -> str:
     mxfp4, stages = kernel.KERNELS[fmt].mxfp4, kernel.KERNELS[fmt].stages
     overlap = os.environ.get("OVERLAP") == "1"
     pairs = os.environ.get("PAIRS") == "1"
+    persistent = os.environ.get("PERSISTENT") == "1"
     constexprs = {"H": heads, "HP": padded, "STAGES": stages, "MXFP4": mxfp4}
-    constexprs |= {"OVERLAP": overlap, "PAIRS": pairs}
+    constexprs |= {"OVERLAP": overlap, "PAIRS": pairs, "PERSISTENT": persistent}
     source = GluonASTSource(kernel._paged_logits_kernel, signature, constexprs, attrs)
     options = {"num_warps": 4}
     if os.environ.get("MAXNREG"):
@@ -221,8 +222,10 @@ def _build(fmt: str, heads: int) -> str:
         ("mxfp4", 64, "pairs"),
         ("mxfp4", 10, "pairs"),
         ("mxfp4", 64, "pairs,max_registers=128"),  # the default form
+        ("mxfp4", 64, "pairs,max_registers=128,persistent"),
         ("fp8", 64, ""),
         ("fp8", 64, "overlap"),
+        ("fp8", 64, "persistent"),
     ],
 )
 def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
@@ -231,6 +234,7 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
     env["OVERLAP"] = str(int(overlap))
     parts = form.split(",")
     env["PAIRS"] = str(int("pairs" in parts))
+    env["PERSISTENT"] = str(int("persistent" in parts))
     for part in parts:
         if part.startswith("max_registers="):
             env["MAXNREG"] = part.split("=")[1]
@@ -241,7 +245,10 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
     leading = {name: kind for name, kind in PAGED.items() if name != "key_rows"}
     own = {
         "SPLITS": "i32",
-        **dict.fromkeys(("H", "HP", "STAGES", "MXFP4", "OVERLAP", "PAIRS"), "constexpr"),
+        "batch": "i32",
+        **dict.fromkeys(
+            ("H", "HP", "STAGES", "MXFP4", "OVERLAP", "PAIRS", "PERSISTENT"), "constexpr"
+        ),
     }
     env["SIGNATURE"] = json.dumps({**leading, **own})
     out = _child_build(tmp_path, fmt, str(heads), env=env)

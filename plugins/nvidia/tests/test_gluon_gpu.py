@@ -53,6 +53,24 @@ def test_every_split_and_stage_count(fmt, splits, stages):
     _check(q, w, cache, table, lens, 8192, fmt, splits=splits, stages=stages, **one_page)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("requests,max_ctx", [(1, 4096), (5, 4096), (37, 320), (64, 32768)])
+def test_the_persistent_grid(fmt, requests, max_ctx):
+    """Equal contiguous shares of all requests' pages: one request, shares straddling requests
+    (320 columns: 5 pages a request, about 4 a share), ragged and empty requests (paged_inputs'
+    first), the pages past a request's keys written -inf by whichever share holds them."""
+    torch.manual_seed(requests)
+    q, w, cache, table, lens = paged_inputs(fmt, requests, max_ctx, 64, 1, torch.float8_e4m3fn)
+    if requests > 3:
+        lens[1], lens[2], lens[3] = 1, 63, 65
+    got = _check(q, w, cache, table, lens, max_ctx, fmt, persistent=True)
+    if requests > 3:
+        assert (got[0] == float("-inf")).all()  # paged_inputs' empty request
+        assert (got[1, 1:] == float("-inf")).all()
+    with pytest.raises(ValueError, match="persistent"):
+        _kernel().logits_paged(q, w, cache, fmt, table, lens, max_ctx, persistent=True, splits=2)
+
+
 @pytest.mark.parametrize("heads", [64, 10])
 @pytest.mark.parametrize("splits,stages", [(1, 2), (3, 4), (None, 2), (64, 8)])
 def test_the_fp8_kernels_overlapped_form(heads, splits, stages):
