@@ -190,14 +190,21 @@ def _row_threshold(
         # .cg: from L2, where _segment_max's other programs stored them (FOLD)
         seg_max = tl.load(max_row + seg, cache_modifier=".cg").to(tl.uint32, bitcast=True)
         seg_max = tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max))
-        lo = tl.zeros((), tl.uint32)
+        # T lies between the smallest and the largest of the (at least k) maxima: the searches
+        # copy the leading bits those two share instead of searching them (on indexer-like
+        # rows the sign and most of the exponent: about 6 of 16 rounds).
+        lo, hi = tl.reduce(
+            (tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max) | 0xFFFFFFFF), seg_max),
+            0,
+            _min_max,
+        )
         if RADIX:
-            t, _, _ = kth_largest_radix(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, RADIX_BITS)
+            t, _, _ = kth_largest_radix(seg_max, k, lo, hi, BITS, RADIX_BITS)
         elif EARLY:
             # Exactly k maxima >= t: k distinct columns score >= t, all T needs.
-            t, _ = kth_largest_until_exact(seg_max, k, lo, lo | 0xFFFFFFFF, BITS)
+            t, _ = kth_largest_until_exact(seg_max, k, lo, hi, BITS)
         else:
-            t = kth_largest(seg_max, k, lo, lo | 0xFFFFFFFF, BITS, PAIRS)
+            t = kth_largest(seg_max, k, lo, hi, BITS, PAIRS)
         tl.store(thresh_ptr + row, t.to(tl.int32, bitcast=True))
         if LIST:
             live_row = live_ptr + row * (M + SLACK)
@@ -216,6 +223,11 @@ def _row_threshold(
                 tl.store(live_row + tail_pos, tail, mask=tail_live)
                 nlive += tl.sum(tail_live.to(tl.int32), 0)
             tl.store(nlive_ptr + row, nlive)
+
+
+@triton.jit
+def _min_max(lo0, hi0, lo1, hi1):
+    return tl.minimum(lo0, lo1), tl.maximum(hi0, hi1)
 
 
 @triton.jit
