@@ -163,7 +163,7 @@ def gluon_paged_row(
         else:
             forms = [{}, {"overlap": True}]
         grid = [
-            {"splits": sp, "stages": st, **form}
+            {"splits": sp, "stages": st, "persistent": False, **form}
             for sp in splits
             for st in stages
             for form in forms

@@ -27,10 +27,16 @@ a few spill reloads a page): 347.6 us against ~425 one page an iteration uncappe
 131072 on an H100. fp8's ``overlap`` (each page's MMA async while the previous page's logits
 are stored) timed no faster and stays off.
 
+Both formats run the persistent grid by default (``persistent``): a fixed number of programs,
+as many as the multiprocessors hold, each scoring an equal contiguous share of all requests'
+pages. The split grid (``splits`` programs a request) left 4 of 132 multiprocessors idle at
+B=64 and 5 programs each; at B=64 x 131072 on an H100 the persistent grid took fp8 keys to
+387.2 us against DeepGEMM's 387.6 (split 391.9) and mxfp4 keys to 357.6 (split 378.6).
+
 Tested: the sm_90 cubin of each form is built and read in CI (plugins/nvidia/tests/
 test_gluon.py), the unpack is checked by tests/kernels/test_unpack_ptx.py, and plugins/nvidia/
 tests/test_gluon_gpu.py compares every form with the reference on an H200 (passed there, 49
-cases, on 2026-12-06).
+cases, on 2026-12-06; the persistent grid's cases first ran on an H100 on 2026-12-07).
 """
 
 from __future__ import annotations
@@ -690,15 +696,20 @@ class KeyKernel(NamedTuple):
     pairs: bool  # mxfp4: two pages an iteration
     max_registers: int | None  # ptxas's cap a thread, None for none
     per_sm: int  # programs a multiprocessor holds uncapped
+    persistent: bool  # the persistent grid, else the split one
 
 
 # mxfp4: 161 registers a thread uncapped, 3 programs of 4 warps (shared memory holds 5); capped
-# at 128, 4. Tuned on an H100 (2026-12-06, B=64 x 131072): paired and capped at 6 stages 347.6
-# us, paired uncapped ~370, one page an iteration ~425. fp8: 64 registers, 5 programs by shared
-# memory at 4 stages of 8.25 KiB and the queries.
+# at 128, 4. fp8: 64-79 registers, 5 programs by shared memory at up to 4 stages of 8.25 KiB and
+# the queries. Tuned on an H100 (B=64, H=64, DeepGEMM's fp8 in the same run; docs/benchmarks.md,
+# 2026-12-06 and 2026-12-07): mxfp4 paired and capped, 131072 tokens: split grid at 6 stages
+# 347.6 us (paired uncapped ~370, one page an iteration ~425), then persistent at 4 stages
+# 357.6 against split 378.6 in one run (32768 tokens: 92.4 against 96.6); fp8, 131072 tokens:
+# persistent at 3 stages 387.2 against DeepGEMM 387.6 and the split grid's 391.9 at 4 (32768
+# tokens: 100.3, DeepGEMM 99.7).
 KERNELS = {
-    "mxfp4": KeyKernel(True, 64, stages=6, pairs=True, max_registers=128, per_sm=3),
-    "fp8": KeyKernel(False, 128, stages=4, pairs=False, max_registers=None, per_sm=5),
+    "mxfp4": KeyKernel(True, 64, 4, pairs=True, max_registers=128, per_sm=3, persistent=True),
+    "fp8": KeyKernel(False, 128, 3, pairs=False, max_registers=None, per_sm=5, persistent=True),
 }
 
 
@@ -722,7 +733,7 @@ def logits_paged(
     overlap: bool = False,
     max_registers: int | None = -1,
     pairs: bool | None = None,
-    persistent: bool = False,
+    persistent: bool | None = None,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
     """The kernels' launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
@@ -735,10 +746,13 @@ def logits_paged(
     (mxfp4 keys, an even number of stages of at least 4): two pages an iteration, one ring wait
     and one barrier for both (default None: the format's, mxfp4 paired when the stages allow);
     ``persistent``: ``per_sm`` programs a multiprocessor (or fewer, each with at least 4 pages),
-    each taking an equal contiguous share of all requests' pages (``splits`` then unused)."""
+    each taking an equal contiguous share of all requests' pages (default None: the format's,
+    persistent unless ``splits`` is given)."""
     kernel = KERNELS[fmt]
     mxfp4, per_sm = kernel.mxfp4, kernel.per_sm
     stages = kernel.stages if stages is None else stages
+    if persistent is None:
+        persistent = kernel.persistent and splits is None
     if pairs is None:
         pairs = kernel.pairs and stages >= 4 and stages % 2 == 0
     if max_registers == -1:
