@@ -31,7 +31,8 @@ Both formats run the persistent grid by default (``persistent``): a fixed number
 as many as the multiprocessors hold, each scoring an equal contiguous share of all requests'
 pages. The split grid (``splits`` programs a request) left 4 of 132 multiprocessors idle at
 B=64 and 5 programs each; at B=64 x 131072 on an H100 the persistent grid took fp8 keys to
-387.2 us against DeepGEMM's 387.6 (split 391.9) and mxfp4 keys to 357.6 (split 378.6).
+387.1 us against DeepGEMM's 387.6 (split 391.9), and 399.5 against 399.7 on another (split
+409-411); mxfp4 keys it leaves where the split grid was (352 against 348-350 us).
 
 Tested: the sm_90 cubin of each form is built and read in CI (plugins/nvidia/tests/
 test_gluon.py), the unpack is checked by tests/kernels/test_unpack_ptx.py, and plugins/nvidia/
@@ -701,15 +702,15 @@ class KeyKernel(NamedTuple):
 
 # mxfp4: 161 registers a thread uncapped, 3 programs of 4 warps (shared memory holds 5); capped
 # at 128, 4. fp8: 64-79 registers, 5 programs by shared memory at up to 4 stages of 8.25 KiB and
-# the queries. Tuned on an H100 (B=64, H=64, DeepGEMM's fp8 in the same run; docs/benchmarks.md,
-# 2026-12-06 and 2026-12-07): mxfp4 paired and capped, 131072 tokens: split grid at 6 stages
-# 347.6 us (paired uncapped ~370, one page an iteration ~425), then persistent at 4 stages
-# 357.6 against split 378.6 in one run (32768 tokens: 92.4 against 96.6); fp8, 131072 tokens:
-# persistent at 3 stages 387.2 against DeepGEMM 387.6 and the split grid's 391.9 at 4 (32768
-# tokens: 100.3, DeepGEMM 99.7).
+# the queries. Tuned on H100s (B=64, H=64, DeepGEMM's fp8 in the same run; docs/benchmarks.md,
+# 2026-12-06 and 2026-12-07): mxfp4 paired and capped, 131072 tokens: the split grid at 6 stages
+# 347.6 us (paired uncapped ~370, one page an iteration ~425); the persistent grid at 4 stages
+# par with it (352 against 348-350 in one run). fp8: persistent at 2 stages 387.1 us against
+# DeepGEMM 387.6 (split at 4: 391.9), 399.5 against 399.7 on another H100 (split 409-411);
+# batch 1 5.9 us against DeepGEMM 5.6 (3 stages 6.6).
 KERNELS = {
     "mxfp4": KeyKernel(True, 64, 4, pairs=True, max_registers=128, per_sm=3, persistent=True),
-    "fp8": KeyKernel(False, 128, 3, pairs=False, max_registers=None, per_sm=5, persistent=True),
+    "fp8": KeyKernel(False, 128, 2, pairs=False, max_registers=None, per_sm=5, persistent=True),
 }
 
 
