@@ -768,15 +768,15 @@ def logits_paged(
         raise ValueError("gluon logits_paged: pairs is a form of the mxfp4 keys' kernel only")
     if pairs and (stages < 4 or stages % 2):
         raise ValueError(f"gluon logits_paged: pairs takes an even stages >= 4, got {stages}")
-    B, H = q.shape[0], q.shape[2]
-    out = torch.empty((B, max_ctx), dtype=torch.float32, device=q.device)
-    if B == 0 or max_ctx == 0:
-        return out
     if persistent and splits is not None:
         raise ValueError(
             f"gluon logits_paged: splits={splits} sets the split grid; persistent=True shares "
             "the pages out itself (leave splits unset)"
         )
+    B, H = q.shape[0], q.shape[2]
+    out = torch.empty((B, max_ctx), dtype=torch.float32, device=q.device)
+    if B == 0 or max_ctx == 0:
+        return out
     num_ctx_blocks = triton.cdiv(max_ctx, BLOCK_SIZE.value)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     if persistent:

@@ -164,17 +164,9 @@ def _nth_smallest(idx, chosen, n, IDX_BITS: tl.constexpr):
 
 
 @triton.jit
-def _tile(key_row, idx_row, TILE: tl.constexpr):
-    """The first TILE candidate slots of a row as loaded (keys as uint32): unmasked (vector)
-    loads of the allocated [CAP] row, the slots past its count holding anything."""
-    lane = tl.arange(0, TILE)
-    return tl.load(key_row + lane).to(tl.uint32, bitcast=True), tl.load(idx_row + lane)
-
-
-@triton.jit
 def _select_tile(
-    key,
-    idx,
+    key_row,
+    idx_row,
     out_row,
     n,
     k,
@@ -187,9 +179,14 @@ def _select_tile(
     EARLY: tl.constexpr,
     RADIX_BITS: tl.constexpr,
 ):
-    """The k best of n <= TILE candidates, all in registers (:func:`_tile`'s)."""
-    # Empty lanes get key 0, below every real key (the key of -inf is 0x007FFFFF).
-    key = tl.where(tl.arange(0, TILE) < n, key, tl.zeros_like(key))
+    """The k best of n <= TILE candidates, all in registers."""
+    lane = tl.arange(0, TILE)
+    valid = lane < n
+    # Unmasked (vector) loads of the allocated [CAP] row; empty lanes get key 0, below every
+    # real key (the key of -inf is 0x007FFFFF).
+    key = tl.load(key_row + lane).to(tl.uint32, bitcast=True)
+    key = tl.where(valid, key, tl.zeros_like(key))
+    idx = tl.load(idx_row + lane)
     if RADIX:
         # The last histogram's counts stand in for two more reductions.
         kth, need, ties = kth_largest_radix(key, k, t, tl.max(key, 0), 32, RADIX_BITS)
@@ -248,23 +245,19 @@ def select_candidates(
             ko = o + tl.arange(0, K_BLOCK)
             tl.store(out_row + ko, tl.where(ko < end - start, ko, -1), mask=ko < k)
     else:
-        key_row = cand_key_ptr + row * CAP
-        idx_row = cand_idx_ptr + row * CAP
-        # Half a tile's slots loaded beside the count, not after it: the usual case (a few
-        # thousand candidates) then waits on one load, not two in turn.
-        key, idx = _tile(key_row, idx_row, CAP // 2)
         n = tl.load(count_ptr + row)
         t = tl.load(thresh_ptr + row).to(tl.uint32, bitcast=True)
+        key_row = cand_key_ptr + row * CAP
+        idx_row = cand_idx_ptr + row * CAP
         # Half a tile when the candidates fit: the search's work is per lane, used or not.
         if n <= CAP // 2:
             _select_tile(
-                key, idx, out_row, n, k, t, start, CAP // 2, IDX_BITS, PAIRS, RADIX, EARLY,
-                RADIX_BITS,
+                key_row, idx_row, out_row, n, k, t, start, CAP // 2, IDX_BITS, PAIRS, RADIX,
+                EARLY, RADIX_BITS,
             )  # fmt: skip
         elif n <= CAP:
-            key_all, idx_all = _tile(key_row, idx_row, CAP)
             _select_tile(
-                key_all, idx_all, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS, RADIX, EARLY,
+                key_row, idx_row, out_row, n, k, t, start, CAP, IDX_BITS, PAIRS, RADIX, EARLY,
                 RADIX_BITS,
             )  # fmt: skip
         else:

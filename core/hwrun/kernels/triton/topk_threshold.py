@@ -193,8 +193,8 @@ def _row_threshold(
         # T lies between the smallest and the largest of the (at least k) maxima: the searches
         # copy the leading bits those two share instead of searching them. On an H100
         # (2026-12-07, indexer-like rows) this took _threshold from 15.6 to 12.8 us at 64 x
-        # 131072 and 10.1 to 8.8 at 1 x 131072, but 10.9 to 11.6 at 64 x 32782, where the
-        # maxima of 4-column segments share fewer bits than the min-max reduction costs.
+        # 131072 and 10.1 to 8.8 at 1 x 131072, but 10.9 to 11.6 at 64 x 32782 (4-column
+        # segments there): the extra reduction can cost more than the rounds it saves.
         lo, hi = tl.reduce(
             (tl.where(seg < nseg, seg_max, tl.zeros_like(seg_max) | 0xFFFFFFFF), seg_max),
             0,
