@@ -439,3 +439,61 @@ def test_equal_scores_take_smallest_indices(impl):
     }[impl]
     got = run(logits, starts, ends, 128)
     assert sorted(got[0].tolist()) == sorted([*range(900, 1000), *range(28)])
+
+
+@pytest.mark.parametrize("launches", [False, True], ids=["declines", "launches"])
+def test_vendor_kernels_stand_in_where_they_say_so(launches):
+    """TopkKernels: each hook is called with the launch's arguments where the tiles are the
+    forms it implements (the early-exit bitwise search; for T also by_segment and no fold),
+    and the Triton
+    kernel runs where it returns False. A hook that launches the Triton kernel itself must give
+    the same result as no hook."""
+    from hwrun.kernels.triton.topk_select import select_candidates
+
+    calls = []
+
+    def threshold(rows, seg_max, outputs, L, k, M, slack, levels, bits):
+        calls.append(("threshold", M, slack, bits))
+        if launches:
+            topk_threshold._threshold[(seg_max.shape[0],)](
+                *rows, seg_max, *outputs, L, k, M, slack, levels, bits, True, False, False,
+                True, 8,
+            )  # fmt: skip
+        return launches
+
+    def select(logits, rows, thresh, counts, cand, out, L, k, cap, idx_bits, block, k_block):
+        calls.append(("select", cap, idx_bits))
+        if launches:
+            select_candidates[(logits.shape[0],)](
+                logits, *rows, thresh, counts, cand[0], cand[1], out, logits.stride(0), L, k,
+                cap, idx_bits, block, k_block, False, False, True, 8,
+            )  # fmt: skip
+        return launches
+
+    def compact(logits, rows, live, nlive, thresh, counts, cand, L, k, M, slack, levels, cap,
+                block, parts):  # fmt: skip
+        calls.append(("compact", block, parts))
+        if launches:
+            topk_threshold._compact_live[(logits.shape[0], parts)](
+                logits, *rows, live, nlive, thresh, counts, cand[0], cand[1], logits.stride(0),
+                L, k, M, slack, levels, cap, block,
+            )  # fmt: skip
+        return launches
+
+    kernels = topk_threshold.TopkKernels(threshold, select, compact)
+    rows = _edge_rows(6)
+    _assert_sets(topk(*rows, 16, BY_SEGMENT, kernels=kernels), reference(*rows, 16))
+    want = [("threshold", 64, 1, 16), ("compact", 64, 3), ("select", 128, 11)]
+    assert calls == want, calls
+    calls.clear()
+    # searches the hooks do not implement: only the compaction is stood in for
+    for tiles in (PAIRS, RADIX):
+        _assert_sets(topk(*rows, 16, tiles, kernels=kernels), reference(*rows, 16))
+    assert [call[0] for call in calls] == ["compact", "compact"], calls
+    calls.clear()
+    # folded, T is searched inside _segment_max: the compaction and the select are
+    _assert_sets(topk(*rows, 16, FOLDED, kernels=kernels), reference(*rows, 16))
+    assert calls == [("compact", 64, 3), ("select", 128, 11)], calls
+    calls.clear()
+    _assert_sets(topk(*rows, 16, SMALL, kernels=kernels), reference(*rows, 16))  # column scan
+    assert calls == [("select", 128, 11)], calls

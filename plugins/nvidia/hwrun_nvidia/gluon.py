@@ -3,14 +3,18 @@ tested on an H200): ``indexer.logits_paged`` over mxfp4 and fp8 index keys
 (:mod:`hwrun_nvidia.gluon_paged_logits`), a call they do not cover (more than one query row a
 request, other queries) going to the Triton kernel; and ``sparse_mla.decode`` over fp8_ds_mla
 rows (:mod:`hwrun_nvidia.gluon_sparse_mla`; tested and conformant on an H100, its
-warp-specialised kernel at 1.37x FlashMLA's time). A Gluon ragged-logits kernel over fp8 keys
+warp-specialised kernel at 1.37x FlashMLA's time); and ``indexer.topk``, the Triton top-k with
+its two one-program-a-row searches Gluon's (:mod:`hwrun_nvidia.gluon_topk`; conformant on an
+H100, 64 x 131072 from 45.7 to 41.1 us). A Gluon ragged-logits kernel over fp8 keys
 was tried (73c15ba) and removed: on an H100 it took 1.20x DeepGEMM's time where the Triton
 kernel takes 1.05x (docs/benchmarks.md).
 Priority 15: above the Triton tier, under DeepGEMM and FlashMLA, which keep what they serve where
 they are installed (DeepGEMM reads no mxfp4).
 
-Gluon ships with Triton (3.6 on the H200); its kernels are imported at the first call. They
-use the warpgroup MMA, which only sm_90 has (Blackwell's tensor cores take other instructions).
+Gluon ships with Triton (3.6 on the H200); its kernels are imported at the first call. The
+logits and attention kernels use the warpgroup MMA, which only sm_90 has (Blackwell's tensor
+cores take other instructions); the top-k's use nothing Hopper's own but were built and tested
+for it only.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from hwrun.registry import OpImpl, OpRegistry, OpSpec, dtype_reasons, format_rea
 from hwrun_nvidia.device_checks import cuda_reasons, importable
 
 
-def _gluon_reasons(spec: OpSpec) -> list[str]:
+def _gluon_reasons(spec: OpSpec, sm90_only: str = "the warpgroup MMA is sm_90's only") -> list[str]:
     reasons = []
     if not knobs.gluon_kernels():
         reasons.append("HWRUN_GLUON is off (set HWRUN_GLUON=1 to use the Gluon kernels)")
@@ -30,7 +34,7 @@ def _gluon_reasons(spec: OpSpec) -> list[str]:
         reasons.append("this Triton has no Gluon (it ships with Triton 3.5 and later)")
     reasons += cuda_reasons(spec, min_sm=90)
     if spec.arch is not None and not spec.arch.startswith("sm_90"):
-        reasons.append(f"the warpgroup MMA is sm_90's only, the device is {spec.arch}")
+        reasons.append(f"{sm90_only}, the device is {spec.arch}")
     return reasons
 
 
@@ -95,6 +99,29 @@ def sparse_mla_decode(
     return gluon_sparse_mla.decode(q, cache, slots, softmax_scale, topk_length, attn_sink)
 
 
+def _topk_validate(spec: OpSpec) -> list[str]:
+    # Nothing in the top-k kernels is Hopper's own, but they were built and tested for it only.
+    reasons = _gluon_reasons(spec, "its kernels are built and tested for sm_90 only")
+    reasons += dtype_reasons(spec, ("float32",), "logits")
+    return reasons
+
+
+def topk(
+    logits: torch.Tensor,  # [R, L] float32
+    starts: torch.Tensor,  # [R] int32
+    ends: torch.Tensor,  # [R] int32
+    k: int,
+) -> torch.Tensor:  # [R, k] int32
+    """The Triton top-k with its threshold and select kernels Gluon's (each stands in where its
+    tile fits; topk_threshold.TopkKernels)."""
+    from hwrun.kernels.triton.topk_threshold import TopkKernels
+    from hwrun.kernels.triton.topk_threshold import topk as triton_topk
+    from hwrun_nvidia import gluon_topk
+
+    kernels = TopkKernels(gluon_topk.threshold, gluon_topk.select)
+    return triton_topk(logits, starts, ends, k, kernels=kernels)
+
+
 def register(registry: OpRegistry) -> None:
     registry.register(
         OpImpl(
@@ -119,5 +146,18 @@ def register(registry: OpRegistry) -> None:
             priority=15,
             description="Gluon (sm_90) sparse MLA decode: a producer warpgroup decodes "
             "fp8_ds_mla tiles into shared memory as bf16 for two warpgroups' MMAs",
+        )
+    )
+    registry.register(
+        OpImpl(
+            op="indexer.topk",
+            name="gluon",
+            platform=registry.platform,
+            fn=topk,
+            graph_safe=True,  # no host reads, allocations by shape only
+            validate=_topk_validate,
+            priority=15,
+            description="the Triton top-k with Gluon (sm_90) threshold and select kernels: "
+            "one barrier a search round",
         )
     )

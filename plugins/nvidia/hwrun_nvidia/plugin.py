@@ -35,7 +35,8 @@ TRITON = TritonTier(triton_device_reasons, TUNED_FOR)
 # (docs/results/nvidia-h200), DeepGEMM and FlashMLA in that of 7f8d936, DeepGEMM's
 # dense.linear_a8w8 in the full run of 585d933 (2026-12-04: conformant, 311 run, 304 passed, 3
 # quality warnings); the Gluon sparse_mla.decode on an H100 (also sm_90) on 2026-12-06 with
-# HWRUN_GLUON=1 and no FlashMLA (51 run, 51 passed). Blackwell has run nothing yet.
+# HWRUN_GLUON=1 and no FlashMLA (51 run, 51 passed), the Gluon indexer.topk on an H100 on
+# 2026-12-07 (--ops indexer.topk --quick: 34 run, 34 passed). Blackwell has run nothing yet.
 HARDWARE_VALIDATED = tuple(
     (op, impl, "sm_90")
     for impl, ops in (
@@ -60,7 +61,7 @@ HARDWARE_VALIDATED = tuple(
         ("torch", ("indexer.to_slots", "moe.route")),
         ("deepgemm", ("dense.linear_a8w8", "indexer.logits_paged", "indexer.logits_ragged")),
         ("flashmla", ("sparse_mla.decode", "sparse_mla.prefill")),
-        ("gluon", ("indexer.logits_paged", "sparse_mla.decode")),
+        ("gluon", ("indexer.logits_paged", "indexer.topk", "sparse_mla.decode")),
     )
     for op in ops
 )

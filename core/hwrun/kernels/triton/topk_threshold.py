@@ -40,6 +40,7 @@ order-preserving uint32 (NaN as -inf, -0.0 as +0.0). The output order is the can
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -428,6 +429,12 @@ class ThresholdTiles:
     # at num_warps. Not yet timed; in SWEEP_GRID.
     fold_threshold: bool = False
     num_warps: int = 8  # _segment_max, _compact
+    # ptxas's register cap for the compaction (None: none). Its sm_90 build holds 47 registers
+    # a thread at 8 warps: 5 programs a multiprocessor, where the default chunks assume 8, so
+    # 64 rows x 17 chunks run in 1.65 waves; at 32, 8 fit. H100, 2026-12-07 (whole call, us):
+    # 64 x 131072 45.7 -> 44.7 at 40, 45.4 -> 45.2 at 32; 64 x 32782 37.4 -> 37.3 and 36.8 ->
+    # 37.2. Within about 1 us either way: not the default.
+    compact_registers: int | None = None
     select_warps: int = 8  # _threshold, select_candidates (one program per row)
     threshold_bits: int = 16  # top bits of T searched; fewer: a coarser (lower) T
 
@@ -440,6 +447,9 @@ SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
     replace(ThresholdTiles(), **change)
     for change in (
         # newest first (a sweep's time budget may cut the tail)
+        {"compact_registers": 32},
+        {"compact_registers": 40},
+        {"compact_registers": 32, "compact_block": 2048},
         {"fold_threshold": True},
         # the folded search holds 105 registers a thread against the plain maxima's 58 (ptxas,
         # sm_90): 2 programs an SM, not 4; half the programs with 8192-column tiles; at 16
@@ -474,13 +484,35 @@ SWEEP_GRID: tuple[ThresholdTiles, ...] = tuple(
 )
 
 
+@dataclass(frozen=True)
+class TopkKernels:
+    """A vendor's kernels in place of _threshold and select_candidates (the NVIDIA plugin's
+    Gluon ones), each called with the launch's arguments and returning whether it launched
+    (False: the Triton kernel runs). Used only with the early-exit bitwise search, by_segment
+    and no fold_threshold, the forms they implement.
+
+    - ``threshold(rows, seg_max, outputs, L, k, M, slack, levels, bits)``: _threshold's
+      outputs (thresh, counts zeroed, live, nlive) from the segment maxima;
+    - ``compact(logits, rows, live, nlive, thresh, counts, cand, L, k, M, slack, levels, cap,
+      block, parts)``: _compact_live's candidates and counts (``parts`` programs a row), with
+      by_segment;
+    - ``select(logits, rows, thresh, counts, cand, out, L, k, cap, idx_bits, block,
+      k_block)``: select_candidates' output."""
+
+    threshold: Callable[..., bool] | None = None
+    select: Callable[..., bool] | None = None
+    compact: Callable[..., bool] | None = None
+
+
 def _run(
     logits: torch.Tensor,  # [R, L] float32, unit column stride
     starts: torch.Tensor,  # [R] int32
     ends: torch.Tensor,  # [R] int32
     k: int,
     tiles: ThresholdTiles,
+    kernels: TopkKernels | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # out [R, k] int32, candidates [R] int32
+    """The four launches; ``kernels`` may put a vendor's in place of two (:class:`TopkKernels`)."""
     if tiles.search_pairs and tiles.threshold_bits % 2:
         raise ValueError(
             f"ThresholdTiles: search_pairs searches two bits a round; threshold_bits must be "
@@ -550,26 +582,46 @@ def _run(
         logits, *rows, seg_max, stride, L, k, *outputs, arrived, M, slack, levels, seg_block,
         fold, *search_args, num_warps=warps, **pdl_options(logits.device),
     )  # fmt: skip
-    if not fold:
+    hooks = kernels or TopkKernels()
+    # A vendor's search stands in only for the form it has: the early-exit bitwise one (for T
+    # also with the live list, and not folded into _segment_max).
+    plain = early and not fold and tiles.by_segment
+    launched = False
+    if plain and hooks.threshold is not None:
+        bits = tiles.threshold_bits
+        launched = hooks.threshold(rows, seg_max, outputs, L, k, M, slack, levels, bits)
+    if not fold and not launched:
         _threshold[(R,)](
             *rows, seg_max, *outputs, L, k, M, slack, levels, *search_args,
             num_warps=select_warps, **pdl_options(logits.device),
         )  # fmt: skip
-    if tiles.by_segment:
-        _compact_live[(R, max(1, min(chunks, cdiv(width, block))))](
+    registers = {}
+    if tiles.compact_registers is not None and logits.is_cuda:  # a compile option
+        registers = {"maxnreg": tiles.compact_registers}
+    parts = max(1, min(chunks, cdiv(width, block)))
+    compacted = tiles.by_segment and hooks.compact is not None and hooks.compact(
+        logits, rows, live, nlive, thresh, counts, cand, L, k, M, slack, levels, cap, block, parts
+    )
+    if tiles.by_segment and not compacted:
+        _compact_live[(R, parts)](
             logits, *rows, live, nlive, thresh, counts, cand[0], cand[1], stride, L, k, M,
-            slack, levels, cap, block, num_warps=warps, **pdl_options(logits.device),
+            slack, levels, cap, block, num_warps=warps, **registers,
+            **pdl_options(logits.device),
         )  # fmt: skip
-    else:
+    elif not tiles.by_segment:
         _compact[(R, cdiv(width, chunk))](
             logits, *rows, seg_max, thresh, counts, cand[0], cand[1], stride, L, k, chunk,
             M, slack, levels, cap, block, num_warps=warps, **pdl_options(logits.device),
         )  # fmt: skip
-    select_candidates[(R,)](
-        logits, *rows, thresh, counts, cand[0], cand[1], out, stride, L, k,
-        cap, idx_bits, block, k_block, *search, num_warps=select_warps,
-        **pdl_options(logits.device),
-    )  # fmt: skip
+    selected = early and hooks.select is not None and hooks.select(
+        logits, rows, thresh, counts, cand, out, L, k, cap, idx_bits, block, k_block
+    )
+    if not selected:
+        select_candidates[(R,)](
+            logits, *rows, thresh, counts, cand[0], cand[1], out, stride, L, k,
+            cap, idx_bits, block, k_block, *search, num_warps=select_warps,
+            **pdl_options(logits.device),
+        )  # fmt: skip
     return out, counts
 
 
@@ -579,14 +631,15 @@ def topk(
     ends: torch.Tensor,  # [R] int32
     k: int,
     tiles: ThresholdTiles = ThresholdTiles(),
+    kernels: TopkKernels | None = None,
 ) -> torch.Tensor:  # [R, k] int32, indices relative to starts, -1 padded
     """Top-k positions of each row's window ``[starts[r], ends[r])`` of ``logits`` (any order).
     Scratch: R x (M + SLACK + 2 CAP) int32, with ``tiles.by_segment`` R x (M + SLACK) more
-    (the live list). ``k > MAX_K`` runs the radix kernel."""
+    (the live list). ``k > MAX_K`` runs the radix kernel. ``kernels``: vendor stand-ins."""
     logits = checked_args(logits, starts, ends, k)
     if k > MAX_K:
         return radix_topk(logits, starts, ends, k)
-    return _run(logits, starts, ends, k, tiles)[0]
+    return _run(logits, starts, ends, k, tiles, kernels)[0]
 
 
 def candidate_counts(
