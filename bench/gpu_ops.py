@@ -233,7 +233,34 @@ def topk_rows(ceil, tune, log):
                 f"cfg {cfg}" if cfg else "",
             )
         )
+        if HAS_GLUON:
+            rows.append(gluon_topk_row(logits, starts, ends, ceil, peers))
     return rows
+
+
+def gluon_topk_row(logits, starts, ends, ceil, peers):
+    """The Triton top-k with the Gluon threshold, compaction and select (the plugin's gluon
+    impl, hwrun_nvidia.gluon_topk) on the same rows; the note says whether it selected the same
+    set as the Triton kernels."""
+    from hwrun_nvidia import gluon_topk
+
+    kernels = topk_threshold.TopkKernels(
+        gluon_topk.threshold, gluon_topk.select, gluon_topk.compact
+    )
+    want = topk_threshold.topk(logits, starts, ends, 2048).long().sort(1).values
+    got = topk_threshold.topk(logits, starts, ends, 2048, kernels=kernels).long().sort(1).values
+    us = bench(lambda: topk_threshold.topk(logits, starts, ends, 2048, kernels=kernels))
+    r, length = logits.shape
+    note = f"same set as the Triton kernels: {torch.equal(got, want)}"
+    return Row(
+        "indexer.topk",
+        f"{r}x{length} k=2048",
+        "gluon",
+        us,
+        ceil.floor_us(r * length * 4),
+        peers,
+        note,
+    )
 
 
 def sparse_mla_rows(ceil, tune, log):

@@ -4,8 +4,8 @@ tested on an H200): ``indexer.logits_paged`` over mxfp4 and fp8 index keys
 request, other queries) going to the Triton kernel; and ``sparse_mla.decode`` over fp8_ds_mla
 rows (:mod:`hwrun_nvidia.gluon_sparse_mla`; tested and conformant on an H100, its
 warp-specialised kernel at 1.37x FlashMLA's time); and ``indexer.topk``, the Triton top-k with
-its two one-program-a-row searches Gluon's (:mod:`hwrun_nvidia.gluon_topk`; conformant on an
-H100, 64 x 131072 from 45.7 to 41.1 us). A Gluon ragged-logits kernel over fp8 keys
+its threshold search, compaction and select Gluon's (:mod:`hwrun_nvidia.gluon_topk`; conformant
+on an H100, 64 x 131072 from 44.3 to 34.1 us, 0.21x torch.topk). A Gluon ragged-logits kernel over fp8 keys
 was tried (73c15ba) and removed: on an H100 it took 1.20x DeepGEMM's time where the Triton
 kernel takes 1.05x (docs/benchmarks.md).
 Priority 15: above the Triton tier, under DeepGEMM and FlashMLA, which keep what they serve where
@@ -112,13 +112,13 @@ def topk(
     ends: torch.Tensor,  # [R] int32
     k: int,
 ) -> torch.Tensor:  # [R, k] int32
-    """The Triton top-k with its threshold and select kernels Gluon's (each stands in where its
-    tile fits; topk_threshold.TopkKernels)."""
+    """The Triton top-k with its threshold, compaction and select kernels Gluon's (each stands
+    in where its tile fits; topk_threshold.TopkKernels)."""
     from hwrun.kernels.triton.topk_threshold import TopkKernels
     from hwrun.kernels.triton.topk_threshold import topk as triton_topk
     from hwrun_nvidia import gluon_topk
 
-    kernels = TopkKernels(gluon_topk.threshold, gluon_topk.select)
+    kernels = TopkKernels(gluon_topk.threshold, gluon_topk.select, gluon_topk.compact)
     return triton_topk(logits, starts, ends, k, kernels=kernels)
 
 
@@ -157,7 +157,7 @@ def register(registry: OpRegistry) -> None:
             graph_safe=True,  # no host reads, allocations by shape only
             validate=_topk_validate,
             priority=15,
-            description="the Triton top-k with Gluon (sm_90) threshold and select kernels: "
-            "one barrier a search round",
+            description="the Triton top-k with Gluon (sm_90) threshold, compaction and select "
+            "kernels: one barrier a search round, none in the compaction",
         )
     )

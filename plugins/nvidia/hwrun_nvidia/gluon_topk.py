@@ -15,12 +15,14 @@ already ordered: one barrier a round. The select takes the Triton kernel's exact
 
 The compaction gives every warp its own share of the tile: its count, its atomic reserving the
 slots, its ranks by a scan inside the warp. Triton's waits on the whole program three times a
-tile (the count's reduction, the atomic's broadcast, the ranks' scan).
+tile (the count's reduction, the atomic's broadcast, the ranks' scan). Its 8x more atomics
+made it slower (16.5 us against 13.0 at 64 x 131072) until each row's counter got a 128-byte
+line of its own (topk_select.COUNT_STRIDE): 7.5 us.
 
-On an H100 (2026-12-07, docs/benchmarks.md) the two searches took the top-k of 64 x 131072 from
-45.7 to 41.1 us (threshold 13.1 -> 9.4, select 10.3 -> 8.3). Tested against the Triton kernels'
-outputs and the reference on a GPU (plugins/nvidia/tests/test_gluon_topk_gpu.py: the searches
-passed there; the compaction's cases are written and not yet run), the sm_90 builds read in CI
+On an H100 (2026-12-07, docs/benchmarks.md; torch.topk 163.2 us) the three took the top-k of
+64 x 131072 from 44.3 to 34.1 us (0.21x torch.topk), 1 x 131072 from 23.6 to 18.3, 64 x 32782
+from 36.8 to 30.9. Tested against the Triton kernels' outputs and the reference on a GPU
+(plugins/nvidia/tests/test_gluon_topk_gpu.py, 8 passed there), the sm_90 builds read in CI
 (plugins/nvidia/tests/test_gluon_topk.py).
 """
 
@@ -32,6 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from hwrun.kernels.triton.pdl import pdl_options
+from hwrun.kernels.triton.topk_select import COUNT_STRIDE
 from hwrun_nvidia.gluon_paged_logits import _cta_barrier
 
 WARPS = 8  # one program a row: 8192 keys are 32 registers a thread
@@ -202,7 +205,7 @@ def _threshold_kernel(
     ends_ptr,  # [R] int32
     max_ptr,  # [R, M + SLACK] int32: uint32 keys
     thresh_ptr,  # [R] int32: uint32 key T
-    count_ptr,  # [R] int32: zeroed here for the compaction
+    count_ptr,  # [R, COUNT_STRIDE] int32: column 0 zeroed here for the compaction
     live_ptr,  # [R, M + SLACK] int32: the segments whose maximum reaches T, in order
     nlive_ptr,  # [R] int32: how many
     L,
@@ -219,7 +222,7 @@ def _threshold_kernel(
     W: gl.constexpr = gl.num_warps()
     row = gl.program_id(0).to(gl.int64)
     start, end = _window(starts_ptr, ends_ptr, row, L)
-    gl.store(count_ptr + row, 0)
+    gl.store(count_ptr + row * COUNT_STRIDE, 0)
     if end - start > k:
         level = start * 0  # _row_level's
         for lvl in gl.static_range(LEVELS - 1):
@@ -355,7 +358,7 @@ def _select_kernel(
     starts_ptr,  # [R] int32
     ends_ptr,  # [R] int32
     thresh_ptr,  # [R] int32
-    count_ptr,  # [R] int32
+    count_ptr,  # [R, COUNT_STRIDE] int32: column 0
     cand_key_ptr,  # [R, CAP] int32
     cand_idx_ptr,  # [R, CAP] int32
     out_ptr,  # [R, k] int32
@@ -381,7 +384,7 @@ def _select_kernel(
             ko = o + gl.arange(0, K_BLOCK, layout=_row_layout(W))
             gl.store(out_row + ko, gl.where(ko < end - start, ko, -1), mask=ko < k)
     else:
-        n = gl.load(count_ptr + row)
+        n = gl.load(count_ptr + row * COUNT_STRIDE)
         t = gl.load(thresh_ptr + row).to(gl.uint32, bitcast=True)
         key_row = cand_key_ptr + row * CAP
         idx_row = cand_idx_ptr + row * CAP
@@ -403,7 +406,7 @@ def _compact_kernel(
     live_ptr,  # [R, M + SLACK] int32: the live segments (the threshold's list)
     nlive_ptr,  # [R] int32
     thresh_ptr,  # [R] int32
-    count_ptr,  # [R] int32: candidates of the row, CAP exceeded = slow path
+    count_ptr,  # [R, COUNT_STRIDE] int32: column 0 the row's candidates
     cand_key_ptr,  # [R, CAP] int32
     cand_idx_ptr,  # [R, CAP] int32
     row_stride,
@@ -459,7 +462,8 @@ def _compact_kernel(
             n = gl.convert_layout(gl.expand_dims(n, 1), lane_layout, assert_trivial=True)
             n = n + gl.zeros_like(first_lane.to(gl.int32))  # [W, 32]
             reserve = first_lane & (n > 0)
-            base = gl.atomic_add(count_ptr + row + n * 0, n, mask=reserve, sem="relaxed")
+            counter = count_ptr + row * COUNT_STRIDE + n * 0
+            base = gl.atomic_add(counter, n, mask=reserve, sem="relaxed")
             base = gl.sum(gl.where(reserve, base, 0), axis=1)  # to every lane of the warp
             base = gl.convert_layout(gl.expand_dims(base, 1), layout, assert_trivial=True)
             slot = base + gl.associative_scan(cand, 1, _add) - 1

@@ -36,7 +36,8 @@ TRITON = TritonTier(triton_device_reasons, TUNED_FOR)
 # dense.linear_a8w8 in the full run of 585d933 (2026-12-04: conformant, 311 run, 304 passed, 3
 # quality warnings); the Gluon sparse_mla.decode on an H100 (also sm_90) on 2026-12-06 with
 # HWRUN_GLUON=1 and no FlashMLA (51 run, 51 passed), the Gluon indexer.topk on an H100 on
-# 2026-12-07 (--ops indexer.topk --quick: 34 run, 34 passed). Blackwell has run nothing yet.
+# 2026-12-07 (--ops indexer.topk --quick, with and without its compaction: 34 run, 34 passed).
+# Blackwell has run nothing yet.
 HARDWARE_VALIDATED = tuple(
     (op, impl, "sm_90")
     for impl, ops in (

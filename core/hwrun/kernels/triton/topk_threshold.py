@@ -52,6 +52,7 @@ from hwrun.kernels.triton.pdl import pdl_options, wait_for_previous_kernel
 from hwrun.kernels.triton.topk import _sortable_key, checked_args
 from hwrun.kernels.triton.topk import topk as radix_topk
 from hwrun.kernels.triton.topk_select import (
+    COUNT_STRIDE,
     kth_largest,
     kth_largest_radix,
     kth_largest_until_exact,
@@ -144,7 +145,7 @@ def _threshold(
     ends_ptr,  # [R] int32
     max_ptr,  # [R, M + SLACK] int32
     thresh_ptr,  # [R] int32: uint32 key T
-    count_ptr,  # [R] int32: zeroed here for _compact
+    count_ptr,  # [R, COUNT_STRIDE] int32: column 0 zeroed here for _compact
     live_ptr,  # [R, M + SLACK] int32: with LIST, the segments whose maximum reaches T, in order
     nlive_ptr,  # [R] int32: with LIST, how many
     L,
@@ -180,7 +181,7 @@ def _row_threshold(
     """Row ``row``'s T (and with LIST its live segments) from its stored segment maxima: the
     body of _threshold, and of _segment_max's last program of a row under FOLD."""
     start, end = window(starts_ptr, ends_ptr, row, L)
-    tl.store(count_ptr + row, 0)
+    tl.store(count_ptr + row * COUNT_STRIDE, 0)
     if end - start > k:
         level = _row_level(start, end, M, SLACK, LEVELS)
         nseg = ((end - 1) >> level) - (start >> level) + 1
@@ -240,7 +241,7 @@ def _compact(
     ends_ptr,  # [R] int32
     max_ptr,  # [R, M + SLACK] int32: the tail's maxima too
     thresh_ptr,  # [R] int32
-    count_ptr,  # [R] int32: candidates of the row, CAP exceeded = slow path
+    count_ptr,  # [R, COUNT_STRIDE] int32: column 0 the row's candidates (> CAP: slow path)
     cand_key_ptr,  # [R, CAP] int32
     cand_idx_ptr,  # [R, CAP] int32
     row_stride,
@@ -289,7 +290,7 @@ def _append(cand, key, idx, row, count_ptr, cand_key_ptr, cand_idx_ptr, CAP: tl.
     inside the tile by a scan; past CAP only counted (the row then takes the slow path)."""
     n = tl.sum(cand.to(tl.int32), 0)
     if n > 0:
-        base = tl.atomic_add(count_ptr + row, n, sem="relaxed")
+        base = tl.atomic_add(count_ptr + row * COUNT_STRIDE, n, sem="relaxed")
         slot = base + tl.cumsum(cand.to(tl.int32), 0) - 1
         keep = cand & (slot < CAP)
         tl.store(cand_key_ptr + row * CAP + slot, key.to(tl.int32, bitcast=True), keep)
@@ -304,7 +305,7 @@ def _compact_live(
     live_ptr,  # [R, M + SLACK] int32: the live segments (_threshold with LIST)
     nlive_ptr,  # [R] int32
     thresh_ptr,  # [R] int32
-    count_ptr,  # [R] int32
+    count_ptr,  # [R, COUNT_STRIDE] int32: column 0
     cand_key_ptr,  # [R, CAP] int32
     cand_idx_ptr,  # [R, CAP] int32
     row_stride,
@@ -492,7 +493,8 @@ class TopkKernels:
     and no fold_threshold, the forms they implement.
 
     - ``threshold(rows, seg_max, outputs, L, k, M, slack, levels, bits)``: _threshold's
-      outputs (thresh, counts zeroed, live, nlive) from the segment maxima;
+      outputs (thresh, counts zeroed, live, nlive) from the segment maxima (counts: [R,
+      COUNT_STRIDE], column 0 each row's);
     - ``compact(logits, rows, live, nlive, thresh, counts, cand, L, k, M, slack, levels, cap,
       block, parts)``: _compact_live's candidates and counts (``parts`` programs a row), with
       by_segment;
@@ -532,9 +534,10 @@ def _run(
     R, L = logits.shape
     device = logits.device
     out = torch.empty((R, k), dtype=torch.int32, device=device)
-    counts = torch.empty(R, dtype=torch.int32, device=device)  # zeroed by _threshold
+    # column 0: each row's candidates, zeroed by _threshold (COUNT_STRIDE: a line a row)
+    counts = torch.empty((R, COUNT_STRIDE), dtype=torch.int32, device=device)
     if R == 0:
-        return out, counts
+        return out, counts[:, 0]
     pow2, cdiv = triton.next_power_of_2, triton.cdiv
     width = max(L, 1)
     # At least 4k segments: a window's level then leaves it more than 2k (k/m < 1/2, at most
@@ -622,7 +625,7 @@ def _run(
             cap, idx_bits, block, k_block, *search, num_warps=select_warps,
             **pdl_options(logits.device),
         )  # fmt: skip
-    return out, counts
+    return out, counts[:, 0]
 
 
 def topk(
