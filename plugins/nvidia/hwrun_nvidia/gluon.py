@@ -5,9 +5,9 @@ request, other queries) going to the Triton kernel; and ``sparse_mla.decode`` ov
 rows (:mod:`hwrun_nvidia.gluon_sparse_mla`; tested and conformant on an H100, its
 warp-specialised kernel at 1.37x FlashMLA's time); and ``indexer.topk``, the Triton top-k with
 its threshold search, compaction and select Gluon's (:mod:`hwrun_nvidia.gluon_topk`; conformant
-on an H100, 64 x 131072 from 44.3 to 34.1 us, 0.21x torch.topk). A Gluon ragged-logits kernel over fp8 keys
-was tried (73c15ba) and removed: on an H100 it took 1.20x DeepGEMM's time where the Triton
-kernel takes 1.05x (docs/benchmarks.md).
+on an H100, 64 x 131072 from 44.3 to 34.1 us, 0.21x torch.topk). A Gluon ragged-logits kernel
+over fp8 keys was tried (73c15ba) and removed: on an H100 it took 1.20x DeepGEMM's time where
+the Triton kernel takes 1.05x (docs/benchmarks.md).
 Priority 15: above the Triton tier, under DeepGEMM and FlashMLA, which keep what they serve where
 they are installed (DeepGEMM reads no mxfp4).
 
