@@ -79,7 +79,7 @@ def sweep(logits, starts, ends, default_us: float, log: list[str], label: str) -
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grid = list(threshold.SWEEP_GRID)
     grid += [
-        replace(threshold.ThresholdTiles(), chunks=-(-c * sms // rows)) for c in (2, 4, 5, 16, 32)
+        replace(threshold.ThresholdTiles(), chunks=-(-c * sms // rows)) for c in (2, 4, 16, 32)
     ]
     best, best_us = None, default_us
     for tiles in grid:

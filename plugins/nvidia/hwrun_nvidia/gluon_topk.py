@@ -200,6 +200,16 @@ def _window(starts_ptr, ends_ptr, row, L):
 
 
 @gluon.jit
+def _row_level(start, end, M: gl.constexpr, SLACK: gl.constexpr, LEVELS: gl.constexpr):
+    """topk_threshold._row_level: the smallest level whose aligned segments of 2**level
+    columns cover [start, end) with at most M + SLACK of them."""
+    level = start * 0
+    for lvl in gl.static_range(LEVELS - 1):
+        level += ((((end - 1) >> lvl) - (start >> lvl) + 1) > M + SLACK).to(gl.int32)
+    return level
+
+
+@gluon.jit
 def _threshold_kernel(
     starts_ptr,  # [R] int32
     ends_ptr,  # [R] int32
@@ -224,9 +234,7 @@ def _threshold_kernel(
     start, end = _window(starts_ptr, ends_ptr, row, L)
     gl.store(count_ptr + row * COUNT_STRIDE, 0)
     if end - start > k:
-        level = start * 0  # _row_level's
-        for lvl in gl.static_range(LEVELS - 1):
-            level += ((((end - 1) >> lvl) - (start >> lvl) + 1) > M + SLACK).to(gl.int32)
+        level = _row_level(start, end, M, SLACK, LEVELS)
         nseg = ((end - 1) >> level) - (start >> level) + 1
         seg = _tile_positions(M, W)
         max_row = max_ptr + row * (M + SLACK)
@@ -435,9 +443,7 @@ def _compact_kernel(
     parts = gl.num_programs(1)
     start, end = _window(starts_ptr, ends_ptr, row, L)
     if end - start > k:
-        level = start * 0  # _row_level's
-        for lvl in gl.static_range(LEVELS - 1):
-            level += ((((end - 1) >> lvl) - (start >> lvl) + 1) > M + SLACK).to(gl.int32)
+        level = _row_level(start, end, M, SLACK, LEVELS)
         first = (start >> level) << level  # segment 0's first column
         within = (1 << level) - 1
         t = gl.load(thresh_ptr + row).to(gl.uint32, bitcast=True)
