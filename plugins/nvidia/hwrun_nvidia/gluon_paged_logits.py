@@ -116,6 +116,34 @@ CODE_WORDS_SMEM = gl.constexpr(
     gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
 )
 FLAGS_LAYOUT = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))
+# The mxfp4 form with the keys in registers (``registers``): each thread loads group c (lane
+# % 4) of rows r and r + 8 (r = 16 * warp + lane // 4), the rows the MMA's register operand
+# gives it, so that the unpacked codes are that operand as they lie. Word j of group c
+# unpacks to the codes of K positions 32j + 4c + (0..3) (its elements 0-3) and 32j + 16 + 4c +
+# (0..3) (elements 4-7): the dot product runs over the key's elements in that order, and the
+# queries are loaded in it (_query_column).
+KEY_WORDS = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[[8, 0, 0], [0, 0, 1], [0, 0, 2]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]],
+        block_bases=[],
+        shape=[64, 4, 4],
+    )
+)
+KEY_GROUPS = gl.constexpr(gl.SliceLayout(2, KEY_WORDS))
+KEY_ROWS = gl.constexpr(gl.SliceLayout(1, KEY_GROUPS))
+# The codes' words [64, 32] (word w: K positions 4w..4w+3) widened to one element a byte
+# [64, 32, 4]: as [64, 128], the MMA's fp8 register operand (kWidth 4), element for element.
+CODE_BYTES = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0], [0, 4, 0], [0, 8, 0], [0, 16, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]],
+        block_bases=[],
+        shape=[64, 32, 4],
+    )
+)
 
 
 @gluon.jit
@@ -323,12 +351,17 @@ def _issue_pair(even_words, even_scales, odd_words, odd_scales, stage, blk, blk2
 
 @gluon.jit
 def _queries_and_weights(q_ptr, w_ptr, b, H: gl.constexpr, HP: gl.constexpr,
-                         heads_layout: gl.constexpr):  # fmt: skip
+                         heads_layout: gl.constexpr,
+                         REGISTER_ORDER: gl.constexpr = False):  # fmt: skip
     """Request b's queries in shared memory as the MMA's right operand ([HP, 128], K
-    contiguous) and its head weights [HP] (padded heads: q 0, weight 0)."""
+    contiguous) and its head weights [HP] (padded heads: q 0, weight 0). REGISTER_ORDER: K
+    position k holds element 32c + 8j + 4h + i of k = 32j + 16h + 4c + i, the order in which
+    the keys-in-registers form unpacks a key (KEY_WORDS)."""
     q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     qh = gl.arange(0, HP, layout=gl.SliceLayout(1, q_layout))
     qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
+    if REGISTER_ORDER:
+        qd = (qd >> 2 & 3) * 32 + (qd >> 5) * 8 + (qd >> 4 & 1) * 4 + (qd & 3)
     q = gl.load(
         q_ptr + (b * H + gl.expand_dims(qh, 1)) * HEAD_DIM + gl.expand_dims(qd, 0),
         mask=gl.expand_dims(qh < H, 1),
@@ -364,7 +397,7 @@ def _score_request(
     q_ptr, w_ptr, cache_ptr, table_ptr, lens_ptr, out_ptr, cache_block_stride, table_stride,
     out_stride, max_ctx, num_ctx_blocks, b, first, last, stride, H: gl.constexpr,
     HP: gl.constexpr, STAGES: gl.constexpr, MXFP4: gl.constexpr, OVERLAP: gl.constexpr,
-    PAIRS: gl.constexpr, acc_layout: gl.constexpr,
+    PAIRS: gl.constexpr, REGISTERS: gl.constexpr, acc_layout: gl.constexpr,
 ):  # fmt: skip
     """Request b's pages first, first + stride, ... below ``last``: those holding keys scored
     (STAGES pages in flight or in hand, by cp.async into a ring in shared memory), the rest
@@ -375,7 +408,12 @@ def _score_request(
     table_row = table_ptr + b * table_stride
     out_row = out_ptr + b * out_stride
     out_rows = gl.arange(0, BLOCK_SIZE, layout=gl.SliceLayout(1, acc_layout))
-    if MXFP4 and PAIRS:
+    if MXFP4 and REGISTERS:
+        _score_mxfp4_registers(
+            q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, first,
+            length, scored, max_ctx, stride, H, HP, STAGES, acc_layout,
+        )  # fmt: skip
+    elif MXFP4 and PAIRS:
         _score_mxfp4_pairs(
             q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, first,
             length, scored, max_ctx, stride, H, HP, STAGES, acc_layout,
@@ -418,6 +456,7 @@ def _paged_logits_kernel(
     OVERLAP: gl.constexpr,  # fp8: each page's MMA async, beside the last page's sums
     PAIRS: gl.constexpr,  # mxfp4: two pages an iteration
     PERSISTENT: gl.constexpr = False,
+    REGISTERS: gl.constexpr = False,  # mxfp4: the codes in registers (_score_mxfp4_registers)
 ):
     """The split grid: program (b, split) takes pages split, split + SPLITS, ... of request b.
     The persistent grid (PERSISTENT): program p of P takes the p-th of P equal contiguous
@@ -442,11 +481,12 @@ def _paged_logits_kernel(
             first = gl.maximum(lo, base) - base
             last = gl.minimum(hi, base + num_ctx_blocks) - base
             _score_request(*args, b.to(gl.int64), first, last, 1, H, HP, STAGES, MXFP4,
-                           OVERLAP, PAIRS, acc_layout)  # fmt: skip
+                           OVERLAP, PAIRS, REGISTERS, acc_layout)  # fmt: skip
             _cta_barrier()  # every warp done with the request's shared memory
     else:
         _score_request(*args, gl.program_id(0).to(gl.int64), gl.program_id(1), num_ctx_blocks,
-                       SPLITS, H, HP, STAGES, MXFP4, OVERLAP, PAIRS, acc_layout)  # fmt: skip
+                       SPLITS, H, HP, STAGES, MXFP4, OVERLAP, PAIRS, REGISTERS,
+                       acc_layout)  # fmt: skip
 
 
 @gluon.jit
@@ -688,6 +728,171 @@ def _score_mxfp4_pairs(
         p += 1  # noqa: SIM113 (a kernel loop has no enumerate)
 
 
+@gluon.jit
+def _register_operand(words, shift, acc_layout: gl.constexpr):
+    """The MMA's fp8 register operand [64, 128] of packed ``words`` [64, 4, 4] (KEY_WORDS),
+    group g's codes lowered by ``shift`` [64, 4] (KEY_GROUPS). Every layout step below is
+    the same registers renamed (asserted trivial): the unpack's two words a packed word go
+    to K positions 16 apart, then each code word is read as four fp8 bytes."""
+    z = gl.expand_dims(shift * 0x08080808, 2) + gl.zeros_like(words)
+    first, second = gl.inline_asm_elementwise(
+        UNPACK_NATURAL_ASM,
+        "=r,=r,r,r,r",
+        [words, TABLE_LOW - (z & -256), TABLE_HIGH - z],
+        dtype=(gl.int32, gl.int32),
+        is_pure=True,
+        pack=1,
+    )
+    # [row, group c, word j, half h] -> code word 8j + 4h + c
+    codes = gl.reshape(gl.permute(gl.join(first, second), (0, 2, 3, 1)), [BLOCK_SIZE, 32])
+    codes = gl.convert_layout(codes, gl.SliceLayout(2, CODE_BYTES), assert_trivial=True)
+    widened = gl.expand_dims(codes, 2) + gl.zeros([BLOCK_SIZE, 32, 4], gl.int32, CODE_BYTES)
+    # pack=4: the four copies of a word in, its four bytes out as one register of fp8
+    operand = gl.inline_asm_elementwise(
+        "mov.b32 $0, $1;",
+        "=r,r,r,r,r",
+        [gl.reshape(widened, [BLOCK_SIZE, HEAD_DIM])],
+        dtype=gl.float8e4nv,
+        is_pure=True,
+        pack=4,
+    )
+    key_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=4)
+    return gl.convert_layout(operand, key_operand, assert_trivial=True)
+
+
+@gluon.jit
+def _register_four_products(q_smem, words, groups, row_scales, HP: gl.constexpr,
+                            acc_layout: gl.constexpr):  # fmt: skip
+    """As _four_products, the codes in registers: group g's words alone (a thread holds one
+    group), unlowered, scaled by 2^e_g."""
+    zero = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
+    unlowered = gl.zeros([BLOCK_SIZE, 4], gl.int32, KEY_GROUPS)
+    acc = zero
+    for g in range(4):  # a loop, not unrolled: the path is rare and its code would be 4x
+        mine = gl.expand_dims(gl.expand_dims(groups == g, 0), 2)
+        operand = _register_operand(gl.where(mine, words, 0), unlowered, acc_layout)
+        part = warpgroup_mma(operand, q_smem.permute((1, 0)), zero, use_acc=False)
+        acc += part * gl.expand_dims(_power_of_two((row_scales >> (8 * g)) & 0xFF), 1)
+    return acc
+
+
+@gluon.jit
+def _score_register_page(
+    q_smem, w, words, scales, next_scales, free_words, free_scales, decide, note, cache_ptr,
+    cache_block_stride, table_row, out_row, out_rows, key_rows, groups, word_offs, scale_offs,
+    blk, j, length, key_blocks, max_ctx, SPLITS, HP: gl.constexpr, STAGES: gl.constexpr,
+    acc_layout: gl.constexpr,
+):  # fmt: skip
+    """Page j from its stage (``words``, ``scales``) at one barrier, after which every thread's
+    copies of pages j and j + SPLITS are visible and every read of the stage the last page
+    used (``free_words``, ``free_scales``) is done, so page j + (STAGES - 1) * SPLITS may be
+    copied into it. ``decide`` holds the warps' widest key spreads of page j, noted before
+    that barrier; page j + SPLITS's (``next_scales``) go into ``note``, which the next page's
+    barrier makes visible. Returns the block of the page copied at the next page."""
+    rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    async_copy.wait_group(STAGES - 3)  # pages j and j + SPLITS
+    _cta_barrier()
+    ahead = (STAGES - 1) * SPLITS
+    _issue_page(
+        free_words, free_scales, 0, blk, j + ahead, key_blocks, cache_ptr, cache_block_stride,
+        word_offs, scale_offs, ELEM_BYTES,
+    )  # fmt: skip
+    blk = _page_block(table_row, j + ahead + SPLITS, key_blocks)
+    packed = words.index(0).load(KEY_WORDS)
+    key_scales = scales.index(0).load(KEY_ROWS)
+    key_scales = gl.where(j * BLOCK_SIZE + key_rows < length, key_scales, 0)
+    tok = j * BLOCK_SIZE + out_rows
+    row_scales = gl.where(tok < length, scales.index(0).load(rows_layout), 0)
+    widest = gl.max(decide.load(FLAGS_LAYOUT), axis=0)
+    _note_spread(note, next_scales.index(0).load(rows_layout), tok + SPLITS * BLOCK_SIZE, length)
+    if widest <= MAX_FOLD:
+        operand = _register_operand(packed, _shifts(key_scales, groups), acc_layout)
+        zero = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
+        acc = warpgroup_mma(operand, q_smem.permute((1, 0)), zero, use_acc=False)
+        scale = _power_of_two(_largest_code(row_scales))
+    else:
+        acc = _register_four_products(q_smem, packed, groups, row_scales, HP, acc_layout)
+        scale = gl.full([BLOCK_SIZE], 1.0, gl.float32, rows_layout)
+    _store_logits(acc, w, scale, tok, length, max_ctx, out_row)
+    return blk
+
+
+@gluon.jit
+def _score_mxfp4_registers(
+    q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split, length,
+    key_blocks, max_ctx, SPLITS, H: gl.constexpr, HP: gl.constexpr, STAGES: gl.constexpr,
+    acc_layout: gl.constexpr,
+):  # fmt: skip
+    """mxfp4 keys, the codes in registers: each page's packed words load from the ring into
+    the rows and K positions the MMA's register operand holds (KEY_WORDS), unpack there and
+    feed the MMA as they lie, so no code goes through shared memory and a page costs one
+    barrier. That needs every ring stage and both flag buffers (taken in turn) to be
+    allocations of their own, known at compile time: the compiler's barrier placement does
+    not tell apart the slices of one allocation, and would add a barrier between a page's
+    reads of the ring and its copy into it. So the loop takes STAGES pages an iteration."""
+    gl.static_assert(STAGES == 4, "a page in hand, the next one's scales, two in flight")
+    heads_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    _, _, word_offs = _packed_word_offsets()
+    key_rows = gl.arange(0, BLOCK_SIZE, layout=KEY_ROWS)
+    groups = gl.arange(0, 4, layout=gl.SliceLayout(0, KEY_GROUPS))
+    scale_offs = gl.arange(0, BLOCK_SIZE, layout=ROW_WORDS_COPY)
+    words0 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE, 4, 4], PACKED_RING_SMEM)
+    words1 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE, 4, 4], PACKED_RING_SMEM)
+    words2 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE, 4, 4], PACKED_RING_SMEM)
+    words3 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE, 4, 4], PACKED_RING_SMEM)
+    scales0 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE], ROW_WORDS_SMEM)
+    scales1 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE], ROW_WORDS_SMEM)
+    scales2 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE], ROW_WORDS_SMEM)
+    scales3 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE], ROW_WORDS_SMEM)
+    flags_even = gl.allocate_shared_memory(gl.int32, [4], ROW_WORDS_SMEM)
+    flags_odd = gl.allocate_shared_memory(gl.int32, [4], ROW_WORDS_SMEM)
+    args = (cache_ptr, cache_block_stride, word_offs, scale_offs, ELEM_BYTES)
+    _issue_page(words0, scales0, 0, _page_block(table_row, split, key_blocks), split, key_blocks,
+                *args)  # fmt: skip
+    page = split + SPLITS
+    _issue_page(words1, scales1, 0, _page_block(table_row, page, key_blocks), page, key_blocks,
+                *args)  # fmt: skip
+    page = split + 2 * SPLITS
+    _issue_page(words2, scales2, 0, _page_block(table_row, page, key_blocks), page, key_blocks,
+                *args)  # fmt: skip
+    blk = _page_block(table_row, split + 3 * SPLITS, key_blocks)
+    q_smem, w = _queries_and_weights(q_ptr, w_ptr, b, H, HP, heads_layout, True)
+    async_copy.wait_group(2)  # the first page
+    _cta_barrier()
+    first_tok = split * BLOCK_SIZE + out_rows
+    _note_spread(flags_even, scales0.index(0).load(rows_layout), first_tok, length)
+
+    page_args = (cache_ptr, cache_block_stride, table_row, out_row, out_rows, key_rows, groups,
+                 word_offs, scale_offs)  # fmt: skip
+    for j in range(split, key_blocks, 4 * SPLITS):
+        blk = _score_register_page(
+            q_smem, w, words0, scales0, scales1, words3, scales3, flags_even, flags_odd,
+            *page_args, blk, j, length, key_blocks, max_ctx, SPLITS, HP, STAGES, acc_layout,
+        )  # fmt: skip
+        page = j + SPLITS
+        if page < key_blocks:
+            blk = _score_register_page(
+                q_smem, w, words1, scales1, scales2, words0, scales0, flags_odd, flags_even,
+                *page_args, blk, page, length, key_blocks, max_ctx, SPLITS, HP, STAGES,
+                acc_layout,
+            )  # fmt: skip
+        page = j + 2 * SPLITS
+        if page < key_blocks:
+            blk = _score_register_page(
+                q_smem, w, words2, scales2, scales3, words1, scales1, flags_even, flags_odd,
+                *page_args, blk, page, length, key_blocks, max_ctx, SPLITS, HP, STAGES,
+                acc_layout,
+            )  # fmt: skip
+        page = j + 3 * SPLITS
+        if page < key_blocks:
+            blk = _score_register_page(
+                q_smem, w, words3, scales3, scales0, words2, scales2, flags_odd, flags_even,
+                *page_args, blk, page, length, key_blocks, max_ctx, SPLITS, HP, STAGES,
+                acc_layout,
+            )  # fmt: skip
+
+
 class KeyKernel(NamedTuple):
     """A key format's kernel and its launch defaults (from gpu_ops.py --tune)."""
 
@@ -735,6 +940,7 @@ def logits_paged(
     max_registers: int | None = -1,
     pairs: bool | None = None,
     persistent: bool | None = None,
+    registers: bool = False,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
     """The kernels' launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
@@ -748,14 +954,22 @@ def logits_paged(
     and one barrier for both (default None: the format's, mxfp4 paired when the stages allow);
     ``persistent``: ``per_sm`` programs a multiprocessor (or fewer, each with at least 4 pages),
     each taking an equal contiguous share of all requests' pages (default None: the format's,
-    persistent unless ``splits`` is given)."""
+    persistent unless ``splits`` is given); ``registers`` (mxfp4 keys): each page's codes
+    unpacked into the MMA's register operand as they lie, one barrier a page and no code in
+    shared memory (:func:`_score_mxfp4_registers`; not paired)."""
     kernel = KERNELS[fmt]
     mxfp4, per_sm = kernel.mxfp4, kernel.per_sm
     stages = kernel.stages if stages is None else stages
     if persistent is None:
         persistent = kernel.persistent and splits is None
+    if registers and not mxfp4:
+        raise ValueError("gluon logits_paged: registers is a form of the mxfp4 keys' kernel only")
+    if registers and pairs:
+        raise ValueError("gluon logits_paged: registers has its own page loop (leave pairs unset)")
+    if registers and stages != 4:
+        raise ValueError(f"gluon logits_paged: registers takes 4 stages, got {stages}")
     if pairs is None:
-        pairs = kernel.pairs and stages >= 4 and stages % 2 == 0
+        pairs = kernel.pairs and stages >= 4 and stages % 2 == 0 and not registers
     if max_registers == -1:
         max_registers = kernel.max_registers
     if max_registers is not None:  # registers bind: shared memory holds 5 mxfp4 programs
@@ -797,6 +1011,7 @@ def logits_paged(
         MXFP4=mxfp4,
         OVERLAP=overlap,
         PAIRS=pairs,
+        REGISTERS=registers,
         PERSISTENT=persistent,
         num_warps=4,
         **({} if max_registers is None else {"maxnreg": max_registers}),

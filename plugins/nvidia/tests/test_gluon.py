@@ -215,8 +215,10 @@ def _build(fmt: str, heads: int) -> str:
     overlap = os.environ.get("OVERLAP") == "1"
     pairs = os.environ.get("PAIRS") == "1"
     persistent = os.environ.get("PERSISTENT") == "1"
+    registers = os.environ.get("REGISTERS") == "1"
     constexprs = {"H": heads, "HP": padded, "STAGES": stages, "MXFP4": mxfp4}
     constexprs |= {"OVERLAP": overlap, "PAIRS": pairs, "PERSISTENT": persistent}
+    constexprs |= {"REGISTERS": registers}
     source = GluonASTSource(kernel._paged_logits_kernel, signature, constexprs, attrs)
     options = {"num_warps": 4}
     if os.environ.get("MAXNREG"):
@@ -235,6 +237,9 @@ def _build(fmt: str, heads: int) -> str:
         ("mxfp4", 10, "pairs"),
         ("mxfp4", 64, "pairs,max_registers=128"),
         ("mxfp4", 64, "pairs,max_registers=128,persistent"),  # the default form
+        ("mxfp4", 64, "registers,max_registers=128,persistent"),
+        ("mxfp4", 10, "registers"),
+        ("mxfp4", 128, "registers"),
         ("fp8", 64, ""),
         ("fp8", 64, "overlap"),
         ("fp8", 64, "persistent"),
@@ -247,6 +252,7 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
     parts = form.split(",")
     env["PAIRS"] = str(int("pairs" in parts))
     env["PERSISTENT"] = str(int("persistent" in parts))
+    env["REGISTERS"] = str(int("registers" in parts))
     for part in parts:
         if part.startswith("max_registers="):
             env["MAXNREG"] = part.split("=")[1]
@@ -259,7 +265,8 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
         "SPLITS": "i32",
         "batch": "i32",
         **dict.fromkeys(
-            ("H", "HP", "STAGES", "MXFP4", "OVERLAP", "PAIRS", "PERSISTENT"), "constexpr"
+            ("H", "HP", "STAGES", "MXFP4", "OVERLAP", "PAIRS", "PERSISTENT", "REGISTERS"),
+            "constexpr",
         ),
     }
     env["SIGNATURE"] = json.dumps({**leading, **own})
@@ -274,7 +281,16 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
         assert spilled == 0, out[:400]
     assert "LDGSTS.E.BYPASS.128" in out  # keys by 16-byte cp.async
     assert "QGMMA" in out and "E4M3.E4M3" in out  # the fp8 warpgroup MMA
-    if fmt == "mxfp4":
+    if "registers" in parts:
+        # The codes are the MMA's register operand (QGMMA R_acc, R_a, gdesc), never stored:
+        # the only 16-byte shared stores are the queries' (8 KiB per 64 heads, 128 threads),
+        # and each of the loop's four pages has one barrier (6 more: the prologue's, the end's,
+        # and in the persistent grid the request loop's).
+        assert re.search(r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc", out)
+        query_stores = {10: 1, 64: 4, 128: 8}[heads]
+        assert "STS.U8" not in out and out.count("STS.128") == query_stores, out[:400]
+        assert out.count("BAR.SYNC") == 4 + 2 + ("persistent" in parts)
+    elif fmt == "mxfp4":
         assert "STS.128" in out and "STS.U8" not in out  # codes stored 16 bytes at a time
         if heads <= 64 and not capped:  # 3 programs an SM (128 heads: 2 accumulators' worth)
             assert regs <= 168, regs

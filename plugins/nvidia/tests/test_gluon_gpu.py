@@ -103,6 +103,19 @@ def test_the_mxfp4_kernels_paired_form(heads, splits, stages):
     _check(q, w, cache, table, lens, 8192, stages=stages, pairs=True, max_registers=128)
 
 
+@pytest.mark.parametrize("heads", [64, 10, 128])
+@pytest.mark.parametrize("splits", [1, 3, 64, None])
+def test_the_mxfp4_kernels_register_form(heads, splits):
+    """The codes in registers, four pages an iteration: programs whose page counts leave 1, 2
+    or 3 of the last four (3 splits of 8 pages), a single page, none, ragged and empty rows;
+    the split grid and the persistent one (splits None), capped at 128 registers and not."""
+    torch.manual_seed(heads + (splits or 0))
+    q, w, cache, table, lens = paged_inputs("mxfp4", 5, 8192, heads, 1, torch.float8_e4m3fn)
+    lens[1], lens[2], lens[3] = 1, 63, 64 * 7 + 5
+    for cap in (None, 128):
+        _check(q, w, cache, table, lens, 8192, splits=splits, registers=True, max_registers=cap)
+
+
 def test_the_forms_refuse_what_they_do_not_take():
     q, w, cache, table, lens = paged_inputs("mxfp4", 1, 256, 64, 1, torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="even stages >= 4"):
@@ -110,6 +123,8 @@ def test_the_forms_refuse_what_they_do_not_take():
     q, w, cache, table, lens = paged_inputs("fp8", 1, 256, 64, 1, torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="mxfp4 keys' kernel only"):
         _kernel().logits_paged(q, w, cache, "fp8", table, lens, 256, pairs=True)
+    with pytest.raises(ValueError, match="mxfp4 keys' kernel only"):
+        _kernel().logits_paged(q, w, cache, "fp8", table, lens, 256, registers=True)
 
 
 def test_overlap_is_refused_for_mxfp4_keys():
@@ -129,7 +144,9 @@ def test_max_ctx_cuts_rows_and_pages_past_it(fmt):
 
 
 @pytest.mark.parametrize(
-    "options", [{"pairs": False}, {"pairs": True, "stages": 4}], ids=["pages", "pairs"]
+    "options",
+    [{"pairs": False}, {"pairs": True, "stages": 4}, {"registers": True, "pairs": False}],
+    ids=["pages", "pairs", "registers"],
 )
 def test_groups_too_far_apart_to_fold_and_a_nan_code(options):
     """One key's first group 2^-12 of its others (its e8m0 code ~12 lower: the page, or with
