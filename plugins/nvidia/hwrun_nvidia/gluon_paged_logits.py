@@ -818,6 +818,17 @@ def _score_register_page(
 
 
 @gluon.jit
+def _stage_buffers(STAGES: gl.constexpr):
+    """STAGES packed-word stages and their scale rows, each an allocation of its own."""
+    words = ()
+    scales = ()
+    for _ in gl.static_range(STAGES):
+        words += (gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE, 4, 4], PACKED_RING_SMEM),)
+        scales += (gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE], ROW_WORDS_SMEM),)
+    return words, scales
+
+
+@gluon.jit
 def _score_mxfp4_registers(
     q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split, length,
     key_blocks, max_ctx, SPLITS, H: gl.constexpr, HP: gl.constexpr, STAGES: gl.constexpr,
@@ -830,67 +841,43 @@ def _score_mxfp4_registers(
     allocations of their own, known at compile time: the compiler's barrier placement does
     not tell apart the slices of one allocation, and would add a barrier between a page's
     reads of the ring and its copy into it. So the loop takes STAGES pages an iteration."""
-    gl.static_assert(STAGES == 4, "a page in hand, the next one's scales, two in flight")
+    # a page in hand, the next one's scales, pages in flight; an even count: the flags in turn
+    gl.static_assert(STAGES >= 4 and STAGES % 2 == 0, "registers takes an even stages >= 4")
     heads_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
     rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     _, _, word_offs = _packed_word_offsets()
     key_rows = gl.arange(0, BLOCK_SIZE, layout=KEY_ROWS)
     groups = gl.arange(0, 4, layout=gl.SliceLayout(0, KEY_GROUPS))
     scale_offs = gl.arange(0, BLOCK_SIZE, layout=ROW_WORDS_COPY)
-    words0 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE, 4, 4], PACKED_RING_SMEM)
-    words1 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE, 4, 4], PACKED_RING_SMEM)
-    words2 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE, 4, 4], PACKED_RING_SMEM)
-    words3 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE, 4, 4], PACKED_RING_SMEM)
-    scales0 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE], ROW_WORDS_SMEM)
-    scales1 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE], ROW_WORDS_SMEM)
-    scales2 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE], ROW_WORDS_SMEM)
-    scales3 = gl.allocate_shared_memory(gl.int32, [1, BLOCK_SIZE], ROW_WORDS_SMEM)
-    flags_even = gl.allocate_shared_memory(gl.int32, [4], ROW_WORDS_SMEM)
-    flags_odd = gl.allocate_shared_memory(gl.int32, [4], ROW_WORDS_SMEM)
-    args = (cache_ptr, cache_block_stride, word_offs, scale_offs, ELEM_BYTES)
-    _issue_page(words0, scales0, 0, _page_block(table_row, split, key_blocks), split, key_blocks,
-                *args)  # fmt: skip
-    page = split + SPLITS
-    _issue_page(words1, scales1, 0, _page_block(table_row, page, key_blocks), page, key_blocks,
-                *args)  # fmt: skip
-    page = split + 2 * SPLITS
-    _issue_page(words2, scales2, 0, _page_block(table_row, page, key_blocks), page, key_blocks,
-                *args)  # fmt: skip
-    blk = _page_block(table_row, split + 3 * SPLITS, key_blocks)
+    words, scales = _stage_buffers(STAGES)
+    flags = (
+        gl.allocate_shared_memory(gl.int32, [4], ROW_WORDS_SMEM),
+        gl.allocate_shared_memory(gl.int32, [4], ROW_WORDS_SMEM),
+    )
+    for s in gl.static_range(STAGES - 1):
+        page = split + s * SPLITS
+        _issue_page(
+            words[s], scales[s], 0, _page_block(table_row, page, key_blocks), page, key_blocks,
+            cache_ptr, cache_block_stride, word_offs, scale_offs, ELEM_BYTES,
+        )  # fmt: skip
+    blk = _page_block(table_row, split + (STAGES - 1) * SPLITS, key_blocks)
     q_smem, w = _queries_and_weights(q_ptr, w_ptr, b, H, HP, heads_layout, True)
-    async_copy.wait_group(2)  # the first page
+    async_copy.wait_group(STAGES - 2)  # the first page
     _cta_barrier()
     first_tok = split * BLOCK_SIZE + out_rows
-    _note_spread(flags_even, scales0.index(0).load(rows_layout), first_tok, length)
+    _note_spread(flags[0], scales[0].index(0).load(rows_layout), first_tok, length)
 
-    page_args = (cache_ptr, cache_block_stride, table_row, out_row, out_rows, key_rows, groups,
-                 word_offs, scale_offs)  # fmt: skip
-    for j in range(split, key_blocks, 4 * SPLITS):
-        blk = _score_register_page(
-            q_smem, w, words0, scales0, scales1, words3, scales3, flags_even, flags_odd,
-            *page_args, blk, j, length, key_blocks, max_ctx, SPLITS, HP, STAGES, acc_layout,
-        )  # fmt: skip
-        page = j + SPLITS
-        if page < key_blocks:
-            blk = _score_register_page(
-                q_smem, w, words1, scales1, scales2, words0, scales0, flags_odd, flags_even,
-                *page_args, blk, page, length, key_blocks, max_ctx, SPLITS, HP, STAGES,
-                acc_layout,
-            )  # fmt: skip
-        page = j + 2 * SPLITS
-        if page < key_blocks:
-            blk = _score_register_page(
-                q_smem, w, words2, scales2, scales3, words1, scales1, flags_even, flags_odd,
-                *page_args, blk, page, length, key_blocks, max_ctx, SPLITS, HP, STAGES,
-                acc_layout,
-            )  # fmt: skip
-        page = j + 3 * SPLITS
-        if page < key_blocks:
-            blk = _score_register_page(
-                q_smem, w, words3, scales3, scales0, words2, scales2, flags_odd, flags_even,
-                *page_args, blk, page, length, key_blocks, max_ctx, SPLITS, HP, STAGES,
-                acc_layout,
-            )  # fmt: skip
+    for j in range(split, key_blocks, STAGES * SPLITS):
+        for s in gl.static_range(STAGES):
+            page = j + s * SPLITS
+            if page < key_blocks:
+                blk = _score_register_page(
+                    q_smem, w, words[s], scales[s], scales[(s + 1) % STAGES],
+                    words[(s + STAGES - 1) % STAGES], scales[(s + STAGES - 1) % STAGES],
+                    flags[s % 2], flags[(s + 1) % 2], cache_ptr, cache_block_stride, table_row,
+                    out_row, out_rows, key_rows, groups, word_offs, scale_offs, blk, page,
+                    length, key_blocks, max_ctx, SPLITS, HP, STAGES, acc_layout,
+                )  # fmt: skip
 
 
 class KeyKernel(NamedTuple):
@@ -966,8 +953,8 @@ def logits_paged(
         raise ValueError("gluon logits_paged: registers is a form of the mxfp4 keys' kernel only")
     if registers and pairs:
         raise ValueError("gluon logits_paged: registers has its own page loop (leave pairs unset)")
-    if registers and stages != 4:
-        raise ValueError(f"gluon logits_paged: registers takes 4 stages, got {stages}")
+    if registers and (stages < 4 or stages % 2):
+        raise ValueError(f"gluon logits_paged: registers takes an even stages >= 4, got {stages}")
     if pairs is None:
         pairs = kernel.pairs and stages >= 4 and stages % 2 == 0 and not registers
     if max_registers == -1:
