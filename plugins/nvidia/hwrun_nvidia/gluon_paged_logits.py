@@ -27,6 +27,13 @@ a few spill reloads a page): 347.6 us against ~425 one page an iteration uncappe
 131072 on an H100. fp8's ``overlap`` (each page's MMA async while the previous page's logits
 are stored) timed no faster and stays off.
 
+``registers`` (mxfp4, off until timed) takes the codes out of shared memory altogether: each
+thread loads the one packed group its warpgroup MMA's register operand needs (group c = lane % 4
+of its two rows), unpacks it in place, and the MMA reads the codes from registers (the queries
+loaded in the K order that makes this so). A page then costs one barrier and no code stores:
+on its fast path 286 instructions a warp against the paired form's ~330 in the same sm_90
+build (Triton 3.6, capped at 128 registers).
+
 Both formats run the persistent grid by default (``persistent``): a fixed number of programs,
 as many as the multiprocessors hold, each scoring an equal contiguous share of all requests'
 pages. The split grid (``splits`` programs a request) left 4 of 132 multiprocessors idle at
@@ -862,6 +869,9 @@ def _score_mxfp4_registers(
         )  # fmt: skip
     blk = _page_block(table_row, split + (STAGES - 1) * SPLITS, key_blocks)
     q_smem, w = _queries_and_weights(q_ptr, w_ptr, b, H, HP, heads_layout, True)
+    # The queries' generic-proxy stores before the MMAs' async-proxy reads (the barrier below
+    # then orders every thread's stores before any warp's first MMA).
+    fence_async_shared()
     async_copy.wait_group(STAGES - 2)  # the first page
     _cta_barrier()
     first_tok = split * BLOCK_SIZE + out_rows

@@ -290,6 +290,8 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
         query_stores = {10: 1, 64: 4, 128: 8}[heads]
         assert "STS.U8" not in out and out.count("STS.128") == query_stores, out[:400]
         assert out.count("BAR.SYNC") == 4 + 2 + ("persistent" in parts)
+        # the queries' stores fenced from the async proxy before the first MMA reads them
+        assert "FENCE.VIEW.ASYNC.S" in out and out.index("FENCE.VIEW.ASYNC.S") < out.index("QGMMA")
     elif fmt == "mxfp4":
         assert "STS.128" in out and "STS.U8" not in out  # codes stored 16 bytes at a time
         if heads <= 64 and not capped:  # 3 programs an SM (128 heads: 2 accumulators' worth)
