@@ -20,19 +20,24 @@ layout the MMA reads (DeepGEMM's paged kernel, which the engine uses for them, r
 TMA with warp-specialised producers).
 
 Each page's block-table entry is read an iteration before its copy is issued, so that the
-copy does not wait on it. mxfp4 keys take two pages an iteration by default (``pairs``: one
-ring wait, one barrier and one fold decision for both; 317 instructions a page against 351 in
-the sm_90 cubin) with ptxas capped at 128 registers (four programs an SM instead of three, for
-a few spill reloads a page): 347.6 us against ~425 one page an iteration uncapped at B=64 x
-131072 on an H100. fp8's ``overlap`` (each page's MMA async while the previous page's logits
-are stored) timed no faster and stays off.
+copy does not wait on it. mxfp4 keys take two pages an iteration (``pairs``: one ring wait,
+one barrier and one fold decision for both; 317 instructions a page against 351 in the sm_90
+cubin) with ptxas capped at 128 registers (four programs an SM instead of three, for a few
+spill reloads a page): 347.6 us against ~425 one page an iteration uncapped at B=64 x 131072 on
+an H100. fp8's ``overlap`` (each page's MMA async while the previous page's logits are stored)
+timed no faster and stays off.
 
-``registers`` (mxfp4, off until timed) takes the codes out of shared memory altogether: each
-thread loads the one packed group its warpgroup MMA's register operand needs (group c = lane % 4
-of its two rows), unpacks it in place, and the MMA reads the codes from registers (the queries
-loaded in the K order that makes this so). A page then costs one barrier and no code stores:
-on its fast path 286 instructions a warp against the paired form's ~330 in the same sm_90
-build (Triton 3.6, capped at 128 registers).
+Where a program has 16 pages or more, mxfp4 keys take the register form (``registers``) instead,
+which keeps the codes out of shared memory altogether: each thread loads the one packed group
+its warpgroup MMA's register operand needs (group c = lane % 4 of its two rows), unpacks it in
+place, and the MMA reads the codes from registers (the queries loaded in the K order that makes
+this so). A page costs one barrier and no code stores: on its fast path 286 instructions a warp
+against the paired form's ~330 in the same sm_90 build (Triton 3.6, 128 registers). On an H100
+(2026-12-07) 317.3 us against the paired form's 349.0 at B=64 x 131072 (DeepGEMM's fp8 386.6:
+0.82x), 85.4 against 91.8 at 64 x 32768; slower with few pages a program (1 x 131072: 10.6
+against 8.2). ncu there: 57% of DRAM bandwidth, 0.53 instructions issued a cycle a scheduler,
+3.05 warps active a scheduler of the 4 its 128 registers allow, 1.07 eligible: latency-bound,
+with too few warps to hide each page's chain.
 
 Both formats run the persistent grid by default (``persistent``): a fixed number of programs,
 as many as the multiprocessors hold, each scoring an equal contiguous share of all requests'
@@ -44,11 +49,13 @@ B=64 and 5 programs each; at B=64 x 131072 on an H100 the persistent grid took f
 Tested: the sm_90 cubin of each form is built and read in CI (plugins/nvidia/tests/
 test_gluon.py), the unpack is checked by tests/kernels/test_unpack_ptx.py, and plugins/nvidia/
 tests/test_gluon_gpu.py compares every form with the reference on an H200 (passed there, 49
-cases, on 2026-12-06; the persistent grid's cases first ran on an H100 on 2026-12-07).
+cases, on 2026-12-06; the persistent grid's cases first ran on an H100 on 2026-12-07, and all 64
+cases, the register form's included, passed on an H100 on 2026-12-07).
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -900,6 +907,7 @@ class KeyKernel(NamedTuple):
     max_registers: int | None  # ptxas's cap a thread, None for none
     per_sm: int  # programs a multiprocessor holds uncapped
     persistent: bool  # the persistent grid, else the split one
+    registers_from: int | None = None  # mxfp4: the register form from this many pages a program
 
 
 # mxfp4: 161 registers a thread uncapped, 3 programs of 4 warps (shared memory holds 5); capped
@@ -909,9 +917,16 @@ class KeyKernel(NamedTuple):
 # 347.6 us (paired uncapped ~370, one page an iteration ~425); the persistent grid at 4 stages
 # par with it (352 against 348-350 in one run). fp8: persistent at 2 stages 387.1 us against
 # DeepGEMM 387.6 (split at 4: 391.9), 399.5 against 399.7 on another H100 (split 409-411);
-# batch 1 5.9 us against DeepGEMM 5.6 (3 stages 6.6).
+# batch 1 5.9 us against DeepGEMM 5.6 (3 stages 6.6). mxfp4's register form (H100, 2026-12-07,
+# persistent, 4 stages, capped at 128; paired in the same run): 317.3 against 349.0 us at 64 x
+# 131072 (248 pages a program), 85.4 against 91.8 at 64 x 32768 (62), par at 4 x 131072 (15.5:
+# 24.5 / 24.4), slower below (8 x 32768, 7.8 pages: 14.7 / 13.8; 1 x 131072, 3.9: 10.6 / 8.2),
+# where its longer start (three pages issued, the queries gathered in its K order) is most of
+# a program's time. 6 and 8 stages 319.8 and 325.5; 96 registers (5 programs an SM) 346.6.
 KERNELS = {
-    "mxfp4": KeyKernel(True, 64, 4, pairs=True, max_registers=128, per_sm=3, persistent=True),
+    "mxfp4": KeyKernel(
+        True, 64, 4, pairs=True, max_registers=128, per_sm=3, persistent=True, registers_from=16
+    ),
     "fp8": KeyKernel(False, 128, 2, pairs=False, max_registers=None, per_sm=5, persistent=True),
 }
 
@@ -921,6 +936,15 @@ def default_splits(batch: int, num_ctx_blocks: int, multiprocessors: int, per_sm
     each with at least 4 pages."""
     waves_worth = max(1, per_sm * multiprocessors // max(batch, 1))
     return max(1, min(triton.cdiv(num_ctx_blocks, 4), waves_worth))
+
+
+def takes_registers(fmt: str, stages: int, pairs: bool | None, pages_a_program: float) -> bool:
+    """Whether :func:`logits_paged` takes the register form by default: mxfp4 keys, an even
+    stage count of at least 4, ``pairs`` unset, and each program at least the format's
+    ``registers_from`` pages (below that the form's longer start costs more than it saves)."""
+    start = KERNELS[fmt].registers_from
+    even = stages >= 4 and stages % 2 == 0
+    return start is not None and even and pairs is None and pages_a_program >= start
 
 
 def logits_paged(
@@ -937,7 +961,7 @@ def logits_paged(
     max_registers: int | None = -1,
     pairs: bool | None = None,
     persistent: bool | None = None,
-    registers: bool = False,
+    registers: bool | None = None,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
     """The kernels' launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
@@ -948,12 +972,14 @@ def logits_paged(
     ``max_registers``: ptxas's cap a thread, None for none (default -1: the format's, mxfp4
     128: four programs an SM instead of three, for ~10 spill reloads a page from L1); ``pairs``
     (mxfp4 keys, an even number of stages of at least 4): two pages an iteration, one ring wait
-    and one barrier for both (default None: the format's, mxfp4 paired when the stages allow);
+    and one barrier for both (default None: the format's, mxfp4 paired when the stages allow
+    and the register form is not taken);
     ``persistent``: ``per_sm`` programs a multiprocessor (or fewer, each with at least 4 pages),
     each taking an equal contiguous share of all requests' pages (default None: the format's,
     persistent unless ``splits`` is given); ``registers`` (mxfp4 keys): each page's codes
     unpacked into the MMA's register operand as they lie, one barrier a page and no code in
-    shared memory (:func:`_score_mxfp4_registers`; not paired)."""
+    shared memory (:func:`_score_mxfp4_registers`; default None: taken where the grid gives
+    each program at least the format's ``registers_from`` pages and ``pairs`` is unset)."""
     kernel = KERNELS[fmt]
     mxfp4, per_sm = kernel.mxfp4, kernel.per_sm
     stages = kernel.stages if stages is None else stages
@@ -965,8 +991,6 @@ def logits_paged(
         raise ValueError("gluon logits_paged: registers has its own page loop (leave pairs unset)")
     if registers and (stages < 4 or stages % 2):
         raise ValueError(f"gluon logits_paged: registers takes an even stages >= 4, got {stages}")
-    if pairs is None:
-        pairs = kernel.pairs and stages >= 4 and stages % 2 == 0 and not registers
     if max_registers == -1:
         max_registers = kernel.max_registers
     if max_registers is not None:  # registers bind: shared memory holds 5 mxfp4 programs
@@ -997,6 +1021,10 @@ def logits_paged(
         if splits is None:
             splits = default_splits(B, num_ctx_blocks, sms, per_sm)
         grid = (B, splits)
+    if registers is None:
+        registers = takes_registers(fmt, stages, pairs, B * num_ctx_blocks / math.prod(grid))
+    if pairs is None:
+        pairs = kernel.pairs and stages >= 4 and stages % 2 == 0 and not registers
     table = block_table.to(torch.int32)
     _paged_logits_kernel[grid](
         *paged_kernel_args(q, weights, cache, table, context_lens, out, max_ctx, num_ctx_blocks),

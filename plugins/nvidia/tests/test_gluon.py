@@ -103,6 +103,21 @@ def test_default_splits_fill_one_wave():
     assert default_splits(1024, 2048, 132, 5) == 1
 
 
+def test_the_register_form_is_taken_where_programs_have_pages_enough():
+    """The default form of mxfp4 keys (H100, 2026-12-07): the register form from 16 pages a
+    program (64 x 131072 on 528 programs: 248), the paired one below (1 x 131072: 3.9), never
+    for fp8 keys, an odd stage count or a form asked for."""
+    from hwrun_nvidia import gluon_paged_logits as kernel
+
+    assert kernel.takes_registers("mxfp4", 4, None, 64 * 2048 / 528)
+    assert kernel.takes_registers("mxfp4", 6, None, 16)
+    assert not kernel.takes_registers("mxfp4", 4, None, 2048 / 528)
+    assert not kernel.takes_registers("mxfp4", 4, True, 248)
+    assert not kernel.takes_registers("mxfp4", 4, False, 248)  # one page an iteration asked for
+    assert not kernel.takes_registers("mxfp4", 5, None, 248)
+    assert not kernel.takes_registers("fp8", 4, None, 248)
+
+
 def test_the_grids_refuse_splits_with_persistent():
     """An explicit split count picks the split grid; asking for both is refused before any
     launch (CPU tensors: nothing reaches a device)."""
@@ -236,8 +251,8 @@ def _build(fmt: str, heads: int) -> str:
         ("mxfp4", 64, "pairs"),
         ("mxfp4", 10, "pairs"),
         ("mxfp4", 64, "pairs,max_registers=128"),
-        ("mxfp4", 64, "pairs,max_registers=128,persistent"),  # the default form
-        ("mxfp4", 64, "registers,max_registers=128,persistent"),
+        ("mxfp4", 64, "pairs,max_registers=128,persistent"),  # default below 16 pages a program
+        ("mxfp4", 64, "registers,max_registers=128,persistent"),  # the default from 16
         ("mxfp4", 10, "registers"),
         ("mxfp4", 128, "registers"),
         ("fp8", 64, ""),
