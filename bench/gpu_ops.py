@@ -156,23 +156,28 @@ def gluon_paged_row(
         splits = [None] if batch == 1 else [None, 2 * sms // batch, 4 * sms // batch]
         stages = (3, 4, 6, 8) if fmt == "mxfp4" else (2, 3, 4, 6)
         # fp8: the overlapped form; mxfp4: ptxas capped at 128 registers (4 programs an SM),
-        # two pages an iteration (even stages only), and both
+        # two pages an iteration, the codes in registers (both even stages only), capped and not
         if fmt == "mxfp4":
             capped = {"max_registers": 128}
-            forms = [{}, capped, {"pairs": True}, {"pairs": True, **capped}]
+            forms = [{"pairs": False}, {"pairs": False, **capped}, {"pairs": True}]
+            forms += [{"pairs": True, **capped}, {"registers": True}, {"registers": True, **capped}]
         else:
             forms = [{}, {"overlap": True}]
+
+        def even_only(form, st):  # the paired and register forms take an even stage count
+            return not ((form.get("pairs") or form.get("registers")) and st % 2)
+
         grid = [
             {"splits": sp, "stages": st, "persistent": False, **form}
             for sp in splits
             for st in stages
             for form in forms
-            if not (form.get("pairs") and st % 2)
+            if even_only(form, st)
         ] + [  # the persistent grid shares the pages out itself
             {"persistent": True, "stages": st, **form}
             for st in stages
             for form in forms
-            if not (form.get("pairs") and st % 2)
+            if even_only(form, st)
         ]
         cfg = _tune(f"gluon logits_paged {fmt} B={batch}", run, grid, log)
     got, want = run(**cfg), triton_run()
