@@ -36,8 +36,8 @@ against the paired form's ~330 in the same sm_90 build (Triton 3.6, 128 register
 (2026-12-07) 317.3 us against the paired form's 349.0 at B=64 x 131072 (DeepGEMM's fp8 386.6:
 0.82x), 85.4 against 91.8 at 64 x 32768; slower with few pages a program (1 x 131072: 10.6
 against 8.2). ncu there: 57% of DRAM bandwidth, 0.53 instructions issued a cycle a scheduler,
-3.05 warps active a scheduler of the 4 its 128 registers allow, 1.07 eligible: latency-bound,
-with too few warps to hide each page's chain.
+3.05 warps active a scheduler of the 4 its 128 registers allow, 1.07 eligible; yet 3 programs
+an SM were almost as fast as 4, so more warps alone would not help (docs/benchmarks.md).
 
 Both formats run the persistent grid by default (``persistent``): a fixed number of programs,
 as many as the multiprocessors hold, each scoring an equal contiguous share of all requests'
@@ -135,7 +135,7 @@ FLAGS_LAYOUT = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))
 # gives it, so that the unpacked codes are that operand as they lie. Word j of group c
 # unpacks to the codes of K positions 32j + 4c + (0..3) (its elements 0-3) and 32j + 16 + 4c +
 # (0..3) (elements 4-7): the dot product runs over the key's elements in that order, and the
-# queries are loaded in it (_query_column).
+# queries are loaded in it (_queries_and_weights' REGISTER_ORDER).
 KEY_WORDS = gl.constexpr(
     gl.DistributedLinearLayout(
         reg_bases=[[8, 0, 0], [0, 0, 1], [0, 0, 2]],
@@ -793,7 +793,7 @@ def _register_four_products(q_smem, words, groups, row_scales, HP: gl.constexpr,
 @gluon.jit
 def _score_register_page(
     q_smem, w, words, scales, next_scales, free_words, free_scales, decide, note, cache_ptr,
-    cache_block_stride, table_row, out_row, out_rows, key_rows, groups, word_offs, scale_offs,
+    cache_block_stride, table_row, out_row, out_rows, groups, word_offs, scale_offs,
     blk, j, length, key_blocks, max_ctx, SPLITS, HP: gl.constexpr, STAGES: gl.constexpr,
     acc_layout: gl.constexpr,
 ):  # fmt: skip
@@ -813,10 +813,10 @@ def _score_register_page(
     )  # fmt: skip
     blk = _page_block(table_row, j + ahead + SPLITS, key_blocks)
     packed = words.index(0).load(KEY_WORDS)
-    key_scales = scales.index(0).load(KEY_ROWS)
-    key_scales = gl.where(j * BLOCK_SIZE + key_rows < length, key_scales, 0)
     tok = j * BLOCK_SIZE + out_rows
     row_scales = gl.where(tok < length, scales.index(0).load(rows_layout), 0)
+    # the same rows in each thread as its packed words: the unpack's folds read them so
+    key_scales = gl.convert_layout(row_scales, KEY_ROWS, assert_trivial=True)
     widest = gl.max(decide.load(FLAGS_LAYOUT), axis=0)
     _note_spread(note, next_scales.index(0).load(rows_layout), tok + SPLITS * BLOCK_SIZE, length)
     if widest <= MAX_FOLD:
@@ -860,7 +860,6 @@ def _score_mxfp4_registers(
     heads_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
     rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     _, _, word_offs = _packed_word_offsets()
-    key_rows = gl.arange(0, BLOCK_SIZE, layout=KEY_ROWS)
     groups = gl.arange(0, 4, layout=gl.SliceLayout(0, KEY_GROUPS))
     scale_offs = gl.arange(0, BLOCK_SIZE, layout=ROW_WORDS_COPY)
     words, scales = _stage_buffers(STAGES)
@@ -892,7 +891,7 @@ def _score_mxfp4_registers(
                     q_smem, w, words[s], scales[s], scales[(s + 1) % STAGES],
                     words[(s + STAGES - 1) % STAGES], scales[(s + STAGES - 1) % STAGES],
                     flags[s % 2], flags[(s + 1) % 2], cache_ptr, cache_block_stride, table_row,
-                    out_row, out_rows, key_rows, groups, word_offs, scale_offs, blk, page,
+                    out_row, out_rows, groups, word_offs, scale_offs, blk, page,
                     length, key_blocks, max_ctx, SPLITS, HP, STAGES, acc_layout,
                 )  # fmt: skip
 
