@@ -425,7 +425,7 @@ def _score_request(
     if MXFP4 and REGISTERS:
         _score_mxfp4_registers(
             q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, first,
-            length, scored, max_ctx, stride, H, HP, STAGES, acc_layout,
+            length, scored, max_ctx, stride, H, HP, STAGES, OVERLAP, acc_layout,
         )  # fmt: skip
     elif MXFP4 and PAIRS:
         _score_mxfp4_pairs(
@@ -794,8 +794,8 @@ def _register_four_products(q_smem, words, groups, row_scales, HP: gl.constexpr,
 def _score_register_page(
     q_smem, w, words, scales, next_scales, free_words, free_scales, decide, note, cache_ptr,
     cache_block_stride, table_row, out_row, out_rows, groups, word_offs, scale_offs,
-    blk, j, length, key_blocks, max_ctx, SPLITS, HP: gl.constexpr, STAGES: gl.constexpr,
-    acc_layout: gl.constexpr,
+    blk, j, first, done, done_scale, length, key_blocks, max_ctx, SPLITS, HP: gl.constexpr,
+    STAGES: gl.constexpr, OVERLAP: gl.constexpr, acc_layout: gl.constexpr,
 ):  # fmt: skip
     """Page j from its stage (``words``, ``scales``) at one barrier, after which every thread's
     copies of pages j and j + SPLITS are visible and every read of the stage the last page
@@ -819,16 +819,32 @@ def _score_register_page(
     key_scales = gl.convert_layout(row_scales, KEY_ROWS, assert_trivial=True)
     widest = gl.max(decide.load(FLAGS_LAYOUT), axis=0)
     _note_spread(note, next_scales.index(0).load(rows_layout), tok + SPLITS * BLOCK_SIZE, length)
-    if widest <= MAX_FOLD:
+    if OVERLAP:
+        # The folded product async (its result discarded where the page does not fold),
+        # the previous page's logits summed and stored while it runs.
         operand = _register_operand(packed, _shifts(key_scales, groups), acc_layout)
         zero = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
-        acc = warpgroup_mma(operand, q_smem.permute((1, 0)), zero, use_acc=False)
+        pending = warpgroup_mma(operand, q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+        # (no branch: ptxas then keeps it before the wait; the first page's goes past max_ctx)
+        prev = gl.where(j > first, tok - SPLITS * BLOCK_SIZE, max_ctx)
+        _store_logits(done, w, done_scale, prev, length, max_ctx, out_row)
+        acc = _mma_result(pending)
         scale = _power_of_two(_largest_code(row_scales))
+        if widest > MAX_FOLD:
+            acc = _register_four_products(q_smem, packed, groups, row_scales, HP, acc_layout)
+            scale = gl.full([BLOCK_SIZE], 1.0, gl.float32, rows_layout)
+        return blk, acc, scale
     else:
-        acc = _register_four_products(q_smem, packed, groups, row_scales, HP, acc_layout)
-        scale = gl.full([BLOCK_SIZE], 1.0, gl.float32, rows_layout)
-    _store_logits(acc, w, scale, tok, length, max_ctx, out_row)
-    return blk
+        if widest <= MAX_FOLD:
+            operand = _register_operand(packed, _shifts(key_scales, groups), acc_layout)
+            zero = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
+            acc = warpgroup_mma(operand, q_smem.permute((1, 0)), zero, use_acc=False)
+            scale = _power_of_two(_largest_code(row_scales))
+        else:
+            acc = _register_four_products(q_smem, packed, groups, row_scales, HP, acc_layout)
+            scale = gl.full([BLOCK_SIZE], 1.0, gl.float32, rows_layout)
+        _store_logits(acc, w, scale, tok, length, max_ctx, out_row)
+        return blk, done, done_scale
 
 
 @gluon.jit
@@ -846,7 +862,7 @@ def _stage_buffers(STAGES: gl.constexpr):
 def _score_mxfp4_registers(
     q_ptr, w_ptr, cache_ptr, cache_block_stride, table_row, out_row, out_rows, b, split, length,
     key_blocks, max_ctx, SPLITS, H: gl.constexpr, HP: gl.constexpr, STAGES: gl.constexpr,
-    acc_layout: gl.constexpr,
+    OVERLAP: gl.constexpr, acc_layout: gl.constexpr,
 ):  # fmt: skip
     """mxfp4 keys, the codes in registers: each page's packed words load from the ring into
     the rows and K positions the MMA's register operand holds (KEY_WORDS), unpack there and
@@ -883,17 +899,25 @@ def _score_mxfp4_registers(
     first_tok = split * BLOCK_SIZE + out_rows
     _note_spread(flags[0], scales[0].index(0).load(rows_layout), first_tok, length)
 
+    # OVERLAP: the page before's product and scales, summed and stored beside this page's MMA
+    done = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
+    done_scale = gl.zeros([BLOCK_SIZE], gl.float32, rows_layout)
+    last = split
     for j in range(split, key_blocks, STAGES * SPLITS):
         for s in gl.static_range(STAGES):
             page = j + s * SPLITS
             if page < key_blocks:
-                blk = _score_register_page(
+                blk, done, done_scale = _score_register_page(
                     q_smem, w, words[s], scales[s], scales[(s + 1) % STAGES],
                     words[(s + STAGES - 1) % STAGES], scales[(s + STAGES - 1) % STAGES],
                     flags[s % 2], flags[(s + 1) % 2], cache_ptr, cache_block_stride, table_row,
-                    out_row, out_rows, groups, word_offs, scale_offs, blk, page,
-                    length, key_blocks, max_ctx, SPLITS, HP, STAGES, acc_layout,
+                    out_row, out_rows, groups, word_offs, scale_offs, blk, page, split, done,
+                    done_scale, length, key_blocks, max_ctx, SPLITS, HP, STAGES, OVERLAP,
+                    acc_layout,
                 )  # fmt: skip
+                last = page
+    if OVERLAP and split < key_blocks:
+        _store_logits(done, w, done_scale, last * BLOCK_SIZE + out_rows, length, max_ctx, out_row)
 
 
 class KeyKernel(NamedTuple):
@@ -966,8 +990,10 @@ def logits_paged(
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
     ``stages``: pages a program has in flight or in hand (mxfp4: at least 3, the page scored,
     the next one, whose codes decide its fold, and one in flight; fp8: at least 2); ``overlap``
-    (fp8 keys): each page's MMA runs async while the previous page's logits are stored, at 116
-    registers a thread against 64 (not yet measured on hardware, so off by default);
+    (fp8 keys, and the mxfp4 register form, which it then implies): each page's MMA runs async
+    while the previous page's logits are summed and stored (fp8: 116 registers a thread against
+    64, timed no faster; mxfp4: 128 registers without a spill in Triton 3.6's sm_90 build,
+    not yet timed; off by default);
     ``max_registers``: ptxas's cap a thread, None for none (default -1: the format's, mxfp4
     128: four programs an SM instead of three, for ~10 spill reloads a page from L1); ``pairs``
     (mxfp4 keys, an even number of stages of at least 4): two pages an iteration, one ring wait
@@ -984,6 +1010,13 @@ def logits_paged(
     stages = kernel.stages if stages is None else stages
     if persistent is None:
         persistent = kernel.persistent and splits is None
+    if overlap and mxfp4:
+        if registers is False or pairs:
+            raise ValueError(
+                "gluon logits_paged: overlap is a form of the fp8 keys' kernel and of the "
+                "mxfp4 register form (leave registers and pairs unset)"
+            )
+        registers = True
     if registers and not mxfp4:
         raise ValueError("gluon logits_paged: registers is a form of the mxfp4 keys' kernel only")
     if registers and pairs:
@@ -996,8 +1029,6 @@ def logits_paged(
         per_sm = max(1, 65536 // (128 * max_registers))
     if stages < (3 if fmt == "mxfp4" else 2):
         raise ValueError(f"gluon logits_paged: stages={stages} is too few for {fmt} keys")
-    if overlap and mxfp4:
-        raise ValueError("gluon logits_paged: overlap is a form of the fp8 keys' kernel only")
     if pairs and not mxfp4:
         raise ValueError("gluon logits_paged: pairs is a form of the mxfp4 keys' kernel only")
     if pairs and (stages < 4 or stages % 2):

@@ -115,8 +115,11 @@ def test_the_mxfp4_kernels_register_form(heads, splits):
     lens[1], lens[2], lens[3] = 1, 63, 64 * 7 + 5
     for cap in (None, 128):
         _check(q, w, cache, table, lens, 8192, splits=splits, registers=True, max_registers=cap)
+        # overlapped: each page's logits stored beside the next page's MMA, the last after
+        _check(q, w, cache, table, lens, 8192, splits=splits, overlap=True, max_registers=cap)
     if heads == 64:  # six stages: six pages an iteration, a different count of the last left
         _check(q, w, cache, table, lens, 8192, splits=splits, registers=True, stages=6)
+        _check(q, w, cache, table, lens, 8192, splits=splits, overlap=True, stages=6)
 
 
 def test_the_forms_refuse_what_they_do_not_take():
@@ -130,10 +133,11 @@ def test_the_forms_refuse_what_they_do_not_take():
         _kernel().logits_paged(q, w, cache, "fp8", table, lens, 256, registers=True)
 
 
-def test_overlap_is_refused_for_mxfp4_keys():
+def test_mxfp4_overlap_is_refused_outside_the_register_form():
     q, w, cache, table, lens = paged_inputs("mxfp4", 1, 256, 64, 1, torch.float8_e4m3fn)
-    with pytest.raises(ValueError, match="fp8 keys' kernel only"):
-        _kernel().logits_paged(q, w, cache, "mxfp4", table, lens, 256, overlap=True)
+    for other in ({"registers": False}, {"pairs": True}):
+        with pytest.raises(ValueError, match="mxfp4 register form"):
+            _kernel().logits_paged(q, w, cache, "mxfp4", table, lens, 256, overlap=True, **other)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -148,8 +152,13 @@ def test_max_ctx_cuts_rows_and_pages_past_it(fmt):
 
 @pytest.mark.parametrize(
     "options",
-    [{"pairs": False}, {"pairs": True, "stages": 4}, {"registers": True, "pairs": False}],
-    ids=["pages", "pairs", "registers"],
+    [
+        {"pairs": False},
+        {"pairs": True, "stages": 4},
+        {"registers": True, "pairs": False},
+        {"overlap": True},
+    ],
+    ids=["pages", "pairs", "registers", "overlap"],
 )
 def test_groups_too_far_apart_to_fold_and_a_nan_code(options):
     """One key's first group 2^-12 of its others (its e8m0 code ~12 lower: the page, or with
