@@ -463,6 +463,7 @@ def _paged_logits_kernel(
     num_ctx_blocks,
     SPLITS,  # the split grid's programs a request (the persistent grid: unused)
     batch,
+    work_ptr,  # CHUNK: [1] int32, zero at launch: the chunks taken so far
     H: gl.constexpr,
     HP: gl.constexpr,
     STAGES: gl.constexpr,
@@ -471,6 +472,7 @@ def _paged_logits_kernel(
     PAIRS: gl.constexpr,  # mxfp4: two pages an iteration
     PERSISTENT: gl.constexpr = False,
     REGISTERS: gl.constexpr = False,  # mxfp4: the codes in registers (_score_mxfp4_registers)
+    CHUNK: gl.constexpr = 0,  # the persistent grid: pages a chunk, each taken by the next free
 ):
     """The split grid: program (b, split) takes pages split, split + SPLITS, ... of request b.
     The persistent grid (PERSISTENT): program p of P takes the p-th of P equal contiguous
@@ -483,7 +485,20 @@ def _paged_logits_kernel(
     )
     args = (q_ptr, w_ptr, cache_ptr, table_ptr, lens_ptr, out_ptr, cache_block_stride,
             table_stride, out_stride, max_ctx, num_ctx_blocks)  # fmt: skip
-    if PERSISTENT:
+    if PERSISTENT and CHUNK > 0:
+        # Chunks of CHUNK pages of one request, each taken by the first program free for it
+        # (an atomic count), so that programs which run faster take more.
+        chunks_a_request = (num_ctx_blocks + CHUNK - 1) // CHUNK
+        chunk = gl.atomic_add(work_ptr, 1)
+        while chunk < batch * chunks_a_request:
+            b = chunk // chunks_a_request
+            first = chunk % chunks_a_request * CHUNK
+            last = gl.minimum(first + CHUNK, num_ctx_blocks)
+            _score_request(*args, b.to(gl.int64), first, last, 1, H, HP, STAGES, MXFP4,
+                           OVERLAP, PAIRS, REGISTERS, acc_layout)  # fmt: skip
+            _cta_barrier()  # every warp done with the chunk's shared memory
+            chunk = gl.atomic_add(work_ptr, 1)
+    elif PERSISTENT:
         # int64 for the products only: the shares' bounds are pages (< 2^31). (batch and
         # num_ctx_blocks may arrive as constexpr 1s, specialised by the launch.)
         program = gl.program_id(0).to(gl.int64)
@@ -985,6 +1000,7 @@ def logits_paged(
     pairs: bool | None = None,
     persistent: bool | None = None,
     registers: bool | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
     """The kernels' launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
@@ -1004,7 +1020,10 @@ def logits_paged(
     persistent unless ``splits`` is given); ``registers`` (mxfp4 keys): each page's codes
     unpacked into the MMA's register operand as they lie, one barrier a page and no code in
     shared memory (:func:`_score_mxfp4_registers`; default None: taken where the grid gives
-    each program at least the format's ``registers_from`` pages and ``pairs`` is unset)."""
+    each program at least the format's ``registers_from`` pages and ``pairs`` is unset);
+    ``chunk`` (the persistent grid): instead of equal shares, chunks of ``chunk`` pages of a
+    request, each taken by the first program free (an atomic count; default None: the shares;
+    not yet timed)."""
     kernel = KERNELS[fmt]
     mxfp4, per_sm = kernel.mxfp4, kernel.per_sm
     stages = kernel.stages if stages is None else stages
@@ -1038,6 +1057,10 @@ def logits_paged(
             f"gluon logits_paged: splits={splits} sets the split grid; persistent=True shares "
             "the pages out itself (leave splits unset)"
         )
+    if chunk is not None and (not persistent or chunk < 1):
+        raise ValueError(
+            f"gluon logits_paged: chunk={chunk} takes the persistent grid and at least one page"
+        )
     B, H = q.shape[0], q.shape[2]
     out = torch.empty((B, max_ctx), dtype=torch.float32, device=q.device)
     if B == 0 or max_ctx == 0:
@@ -1051,8 +1074,9 @@ def logits_paged(
         if splits is None:
             splits = default_splits(B, num_ctx_blocks, sms, per_sm)
         grid = (B, splits)
-    if registers is None:
-        registers = takes_registers(fmt, stages, pairs, B * num_ctx_blocks / math.prod(grid))
+    if registers is None:  # (each chunk a program's share, as to the form's start)
+        share = B * num_ctx_blocks / math.prod(grid)
+        registers = takes_registers(fmt, stages, pairs, min(share, chunk or share))
     if pairs is None:
         pairs = kernel.pairs and stages >= 4 and stages % 2 == 0 and not registers
     table = block_table.to(torch.int32)
@@ -1060,6 +1084,7 @@ def logits_paged(
         *paged_kernel_args(q, weights, cache, table, context_lens, out, max_ctx, num_ctx_blocks),
         splits,
         B,
+        out if chunk is None else torch.zeros(1, dtype=torch.int32, device=q.device),
         H=H,
         HP=max(16, triton.next_power_of_2(H)),
         STAGES=stages,
@@ -1068,6 +1093,7 @@ def logits_paged(
         PAIRS=pairs,
         REGISTERS=registers,
         PERSISTENT=persistent,
+        CHUNK=chunk or 0,
         num_warps=4,
         **({} if max_registers is None else {"maxnreg": max_registers}),
     )
