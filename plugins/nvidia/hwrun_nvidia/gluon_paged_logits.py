@@ -38,6 +38,11 @@ against the paired form's ~330 in the same sm_90 build (Triton 3.6, 128 register
 against 8.2). ncu there: 57% of DRAM bandwidth, 0.53 instructions issued a cycle a scheduler,
 3.05 warps active a scheduler of the 4 its 128 registers allow, 1.07 eligible; yet 3 programs
 an SM were almost as fast as 4, so more warps alone would not help (docs/benchmarks.md).
+Two options of that form, built and tested but not yet timed, so off: ``overlap`` issues each
+page's MMA async and sums and stores the previous page's logits before waiting for it (in
+Triton 3.6's sm_90 build 66-73 of the sum's instructions between each page's QGMMAs and its
+wait, 128 registers, no spill), and ``chunk`` lets the persistent grid's programs take chunks
+of pages from an atomic count instead of equal shares, should they run at different speeds.
 
 Both formats run the persistent grid by default (``persistent``): a fixed number of programs,
 as many as the multiprocessors hold, each scoring an equal contiguous share of all requests'
