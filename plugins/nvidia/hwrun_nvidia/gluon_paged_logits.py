@@ -822,7 +822,9 @@ def _score_register_page(
     used (``free_words``, ``free_scales``) is done, so page j + (STAGES - 1) * SPLITS may be
     copied into it. ``decide`` holds the warps' widest key spreads of page j, noted before
     that barrier; page j + SPLITS's (``next_scales``) go into ``note``, which the next page's
-    barrier makes visible. Returns the block of the page copied at the next page."""
+    barrier makes visible. Returns the block of the page copied at the next page, and with
+    OVERLAP page j's product and scales, whose logits the next page (or the loop's end) stores
+    as this one stores the previous page's (``done``, ``done_scale``)."""
     rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     async_copy.wait_group(STAGES - 3)  # pages j and j + SPLITS
     _cta_barrier()
