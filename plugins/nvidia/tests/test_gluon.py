@@ -303,6 +303,8 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
         assert spilled == 0, out[:400]
     assert "LDGSTS.E.BYPASS.128" in out  # keys by 16-byte cp.async
     assert "QGMMA" in out and "E4M3.E4M3" in out  # the fp8 warpgroup MMA
+    # relu as x + |x| on the FMA pipe, no max on the half-rate ALU pipe (_store_logits)
+    assert "FMNMX" not in out and re.search(r"FADD R(\d+), R(\d+), \|R\2\|", out)
     if "registers" in parts:
         # The codes are the MMA's register operand (QGMMA R_acc, R_a, gdesc), never stored:
         # the only 16-byte shared stores are the queries' (8 KiB per 64 heads, 128 threads),
