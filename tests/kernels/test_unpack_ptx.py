@@ -44,6 +44,7 @@ _OPS = {
     "or": lambda a, b: a | b,
     "shl": lambda a, b: (a << b) & 0xFFFFFFFF,
     "shr": lambda a, b: a >> b,
+    "mul.hi": lambda a, b: (a * b) >> np.uint64(32),  # u32: both operands below 2^32
     "sub": lambda a, b: (a - b) & 0xFFFFFFFF,
 }
 
@@ -63,7 +64,7 @@ def _run_ptx(asm: str, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
         if not line or line in "{}" or line.startswith(".reg"):
             continue
         op, rest = line.split(None, 1)
-        name = op.split(".")[0]
+        name = ".".join(op.split(".")[:2]) if op.startswith("mul.hi") else op.split(".")[0]
         dst, *srcs = (t.strip() for t in rest.split(","))
         args = [value(t) for t in srcs]
         if name == "mov":

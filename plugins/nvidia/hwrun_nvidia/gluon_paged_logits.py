@@ -88,7 +88,9 @@ MAX_HEADS = 128  # an fp32 accumulator of 64 x 128 is 64 registers a thread
 # e4m3 codes of elements 0-3 / 4-7 in element order, 9 instructions in all. The nibbles'
 # magnitude bits are prmt's selectors as they lie; a second prmt gathers, per output byte, a
 # byte whose bit 7 is the nibble's sign (a high nibble's own byte, a low nibble's byte of the
-# word shifted left by 4), and that bit is or-ed in.
+# word shifted left by 4), and that bit is or-ed in. The upper selectors come down by 16 as
+# a multiply's high word: an IMAD on the FMA pipe, where a shift would take the half-rate ALU
+# pipe that the permutes and logic ops already fill.
 UNPACK_NATURAL_ASM = gl.constexpr("""
 {
 .reg .b32 m, w4, s, t;
@@ -98,7 +100,7 @@ prmt.b32 s, $3, $4, m;
 prmt.b32 t, w4, $2, 0x5140;
 and.b32 t, t, 0x80808080;
 or.b32 $0, s, t;
-shr.u32 m, m, 16;
+mul.hi.u32 m, m, 65536;
 prmt.b32 s, $3, $4, m;
 prmt.b32 t, w4, $2, 0x7362;
 and.b32 t, t, 0x80808080;
