@@ -38,11 +38,12 @@ against the paired form's ~330 in the same sm_90 build (Triton 3.6, 128 register
 against 8.2). ncu there: 57% of DRAM bandwidth, 0.53 instructions issued a cycle a scheduler,
 3.05 warps active a scheduler of the 4 its 128 registers allow, 1.07 eligible; yet 3 programs
 an SM were almost as fast as 4, so more warps alone would not help (docs/benchmarks.md).
-Two options of that form, built and tested but not yet timed, so off: ``overlap`` issues each
-page's MMA async and sums and stores the previous page's logits before waiting for it (in
-Triton 3.6's sm_90 build 66-73 of the sum's instructions between each page's QGMMAs and its
-wait, 128 registers, no spill), and ``chunk`` lets the persistent grid's programs take chunks
-of pages from an atomic count instead of equal shares, should they run at different speeds.
+Two options of that form, tested and timed on an H100 (2026-12-07) and left off: ``overlap``
+issues each page's MMA async and sums and stores the previous page's logits before waiting for
+it (311.5 us against 314.7), and ``chunk`` lets the persistent grid's programs take chunks of
+pages from an atomic count instead of equal shares (315.7; the multiprocessors already finish
+within 2% of each other). ncu there has the form throttled on the half-rate ALU pipe, not on
+memory: hence relu as x + |x| and the unpack's mul.hi, both on the FMA pipe (not yet timed).
 
 Both formats run the persistent grid by default (``persistent``): a fixed number of programs,
 as many as the multiprocessors hold, each scoring an equal contiguous share of all requests'
@@ -1020,8 +1021,7 @@ def logits_paged(
     the next one, whose codes decide its fold, and one in flight; fp8: at least 2); ``overlap``
     (fp8 keys, and the mxfp4 register form, which it then implies): each page's MMA runs async
     while the previous page's logits are summed and stored (fp8: 116 registers a thread against
-    64, timed no faster; mxfp4: 128 registers without a spill in Triton 3.6's sm_90 build,
-    not yet timed; off by default);
+    64, timed no faster; mxfp4: 128 registers, 1% faster on an H100; off by default);
     ``max_registers``: ptxas's cap a thread, None for none (default -1: the format's, mxfp4
     128: four programs an SM instead of three, for ~10 spill reloads a page from L1); ``pairs``
     (mxfp4 keys, an even number of stages of at least 4): two pages an iteration, one ring wait
@@ -1034,8 +1034,8 @@ def logits_paged(
     shared memory (:func:`_score_mxfp4_registers`; default None: taken where the grid gives
     each program at least the format's ``registers_from`` pages and ``pairs`` is unset);
     ``chunk`` (the persistent grid): instead of equal shares, chunks of ``chunk`` pages of a
-    request, each taken by the first program free (an atomic count; default None: the shares;
-    not yet timed)."""
+    request, each taken by the first program free (an atomic count; default None: the shares,
+    which timed as fast on an H100)."""
     kernel = KERNELS[fmt]
     mxfp4, per_sm = kernel.mxfp4, kernel.per_sm
     stages = kernel.stages if stages is None else stages
