@@ -42,8 +42,10 @@ Two options of that form, tested and timed on an H100 (2026-12-07) and left off:
 issues each page's MMA async and sums and stores the previous page's logits before waiting for
 it (311.5 us against 314.7), and ``chunk`` lets the persistent grid's programs take chunks of
 pages from an atomic count instead of equal shares (315.7; the multiprocessors already finish
-within 2% of each other). ncu there has the form throttled on the half-rate ALU pipe, not on
-memory: hence relu as x + |x| and the unpack's mul.hi, both on the FMA pipe (not yet timed).
+within 2% of each other at equal lengths; with ragged ones, whose pages past a request's keys
+cost only their -inf, equal shares are unequal work, not yet timed). ncu there has the form
+throttled on the half-rate ALU pipe, not on memory: hence relu as x + |x| and the unpack's
+mul.hi, both on the FMA pipe (not yet timed).
 
 Both formats run the persistent grid by default (``persistent``): a fixed number of programs,
 as many as the multiprocessors hold, each scoring an equal contiguous share of all requests'
