@@ -38,13 +38,10 @@ against the paired form's ~330 in the same sm_90 build (Triton 3.6, 128 register
 against 8.2). ncu there: 57% of DRAM bandwidth, 0.53 instructions issued a cycle a scheduler,
 3.05 warps active a scheduler of the 4 its 128 registers allow, 1.07 eligible; yet 3 programs
 an SM were almost as fast as 4, so more warps alone would not help (docs/benchmarks.md).
-Two options of that form, tested and timed on an H100 (2026-12-07) and left off: ``overlap``
-issues each page's MMA async and sums and stores the previous page's logits before waiting for
-it (311.5 us against 314.7), and ``chunk`` lets the persistent grid's programs take chunks of
-pages from an atomic count instead of equal shares (315.7; the multiprocessors already finish
-within 2% of each other at equal lengths; with ragged ones, whose pages past a request's keys
-cost only their -inf, equal shares are unequal work, not yet timed). ncu there has the form
-throttled on the half-rate ALU pipe, not on memory: hence relu as x + |x| and the unpack's
+Its ``overlap`` option, tested and timed on an H100 (2026-12-07) and left off, issues each
+page's MMA async and sums and stores the previous page's logits before waiting for it (311.5 us
+against 314.7). ncu there has the form throttled on the half-rate ALU pipe, not on memory, and
+its multiprocessors finishing within 2% of each other: hence relu as x + |x| and the unpack's
 mul.hi, both on the FMA pipe (not yet timed).
 
 Both formats run the persistent grid by default (``persistent``): a fixed number of programs,
@@ -476,7 +473,6 @@ def _paged_logits_kernel(
     num_ctx_blocks,
     SPLITS,  # the split grid's programs a request (the persistent grid: unused)
     batch,
-    work_ptr,  # CHUNK: [1] int32, zero at launch: the chunks taken so far
     H: gl.constexpr,
     HP: gl.constexpr,
     STAGES: gl.constexpr,
@@ -485,7 +481,6 @@ def _paged_logits_kernel(
     PAIRS: gl.constexpr,  # mxfp4: two pages an iteration
     PERSISTENT: gl.constexpr = False,
     REGISTERS: gl.constexpr = False,  # mxfp4: the codes in registers (_score_mxfp4_registers)
-    CHUNK: gl.constexpr = 0,  # the persistent grid: pages a chunk, each taken by the next free
 ):
     """The split grid: program (b, split) takes pages split, split + SPLITS, ... of request b.
     The persistent grid (PERSISTENT): program p of P takes the p-th of P equal contiguous
@@ -498,20 +493,7 @@ def _paged_logits_kernel(
     )
     args = (q_ptr, w_ptr, cache_ptr, table_ptr, lens_ptr, out_ptr, cache_block_stride,
             table_stride, out_stride, max_ctx, num_ctx_blocks)  # fmt: skip
-    if PERSISTENT and CHUNK > 0:
-        # Chunks of CHUNK pages of one request, each taken by the first program free for it
-        # (an atomic count), so that programs which run faster take more.
-        chunks_a_request = (num_ctx_blocks + CHUNK - 1) // CHUNK
-        chunk = gl.atomic_add(work_ptr, 1)
-        while chunk < batch * chunks_a_request:
-            b = chunk // chunks_a_request
-            first = chunk % chunks_a_request * CHUNK
-            last = gl.minimum(first + CHUNK, num_ctx_blocks)
-            _score_request(*args, b.to(gl.int64), first, last, 1, H, HP, STAGES, MXFP4,
-                           OVERLAP, PAIRS, REGISTERS, acc_layout)  # fmt: skip
-            _cta_barrier()  # every warp done with the chunk's shared memory
-            chunk = gl.atomic_add(work_ptr, 1)
-    elif PERSISTENT:
+    if PERSISTENT:
         # int64 for the products only: the shares' bounds are pages (< 2^31). (batch and
         # num_ctx_blocks may arrive as constexpr 1s, specialised by the launch.)
         program = gl.program_id(0).to(gl.int64)
@@ -1015,7 +997,6 @@ def logits_paged(
     pairs: bool | None = None,
     persistent: bool | None = None,
     registers: bool | None = None,
-    chunk: int | None = None,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
     """The kernels' launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
@@ -1034,10 +1015,7 @@ def logits_paged(
     persistent unless ``splits`` is given); ``registers`` (mxfp4 keys): each page's codes
     unpacked into the MMA's register operand as they lie, one barrier a page and no code in
     shared memory (:func:`_score_mxfp4_registers`; default None: taken where the grid gives
-    each program at least the format's ``registers_from`` pages and ``pairs`` is unset);
-    ``chunk`` (the persistent grid): instead of equal shares, chunks of ``chunk`` pages of a
-    request, each taken by the first program free (an atomic count; default None: the shares,
-    which timed as fast on an H100)."""
+    each program at least the format's ``registers_from`` pages and ``pairs`` is unset)."""
     kernel = KERNELS[fmt]
     mxfp4, per_sm = kernel.mxfp4, kernel.per_sm
     stages = kernel.stages if stages is None else stages
@@ -1071,10 +1049,6 @@ def logits_paged(
             f"gluon logits_paged: splits={splits} sets the split grid; persistent=True shares "
             "the pages out itself (leave splits unset)"
         )
-    if chunk is not None and (not persistent or chunk < 1):
-        raise ValueError(
-            f"gluon logits_paged: chunk={chunk} takes the persistent grid and at least one page"
-        )
     B, H = q.shape[0], q.shape[2]
     out = torch.empty((B, max_ctx), dtype=torch.float32, device=q.device)
     if B == 0 or max_ctx == 0:
@@ -1088,9 +1062,8 @@ def logits_paged(
         if splits is None:
             splits = default_splits(B, num_ctx_blocks, sms, per_sm)
         grid = (B, splits)
-    if registers is None:  # (each chunk a program's share, as to the form's start)
-        share = B * num_ctx_blocks / math.prod(grid)
-        registers = takes_registers(fmt, stages, pairs, min(share, chunk or share))
+    if registers is None:
+        registers = takes_registers(fmt, stages, pairs, B * num_ctx_blocks / math.prod(grid))
     if pairs is None:
         pairs = kernel.pairs and stages >= 4 and stages % 2 == 0 and not registers
     table = block_table.to(torch.int32)
@@ -1098,7 +1071,6 @@ def logits_paged(
         *paged_kernel_args(q, weights, cache, table, context_lens, out, max_ctx, num_ctx_blocks),
         splits,
         B,
-        out if chunk is None else torch.zeros(1, dtype=torch.int32, device=q.device),
         H=H,
         HP=max(16, triton.next_power_of_2(H)),
         STAGES=stages,
@@ -1107,7 +1079,6 @@ def logits_paged(
         PAIRS=pairs,
         REGISTERS=registers,
         PERSISTENT=persistent,
-        CHUNK=chunk or 0,
         num_warps=4,
         **({} if max_registers is None else {"maxnreg": max_registers}),
     )

@@ -233,7 +233,7 @@ def _build(fmt: str, heads: int) -> str:
     registers = os.environ.get("REGISTERS") == "1"
     constexprs = {"H": heads, "HP": padded, "STAGES": stages, "MXFP4": mxfp4}
     constexprs |= {"OVERLAP": overlap, "PAIRS": pairs, "PERSISTENT": persistent}
-    constexprs |= {"REGISTERS": registers, "CHUNK": int(os.environ.get("CHUNK", "0"))}
+    constexprs |= {"REGISTERS": registers}
     source = GluonASTSource(kernel._paged_logits_kernel, signature, constexprs, attrs)
     options = {"num_warps": 4}
     if os.environ.get("MAXNREG"):
@@ -258,7 +258,6 @@ def _build(fmt: str, heads: int) -> str:
         # uncapped: Triton 3.9's build (CI's) spills at 128 and serialises the MMAs; the
         # H200's Triton 3.6 holds the overlapped form in 128 registers without spilling
         ("mxfp4", 64, "registers,overlap,persistent"),
-        ("mxfp4", 64, "registers,max_registers=128,persistent,chunk=32"),
         ("fp8", 64, ""),
         ("fp8", 64, "overlap"),
         ("fp8", 64, "persistent"),
@@ -275,8 +274,6 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
     for part in parts:
         if part.startswith("max_registers="):
             env["MAXNREG"] = part.split("=")[1]
-        if part.startswith("chunk="):
-            env["CHUNK"] = part.split("=")[1]
     # The Triton paged kernels' leading arguments, which the Gluon kernel shares
     # (indexer_logits.paged_kernel_args), then its own.
     from tests.kernels.test_compiles_for_hopper import PAGED
@@ -285,9 +282,8 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
     own = {
         "SPLITS": "i32",
         "batch": "i32",
-        "work_ptr": "*i32",
         **dict.fromkeys(
-            ("H", "HP", "STAGES", "MXFP4", "OVERLAP", "PAIRS", "PERSISTENT", "REGISTERS", "CHUNK"),
+            ("H", "HP", "STAGES", "MXFP4", "OVERLAP", "PAIRS", "PERSISTENT", "REGISTERS"),
             "constexpr",
         ),
     }
@@ -313,13 +309,7 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
         assert re.search(r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc", out)
         query_stores = {10: 1, 64: 4, 128: 8}[heads]
         assert "STS.U8" not in out and out.count("STS.128") == query_stores, out[:400]
-        if "CHUNK" in env:  # one atomic at the first chunk and one at each next, by one thread
-            assert out.count("ATOMG.E.ADD") == 2, out.count("ATOMG")
-            # (and a few barriers a chunk around them): count the loop's, between the MMAs
-            loop = out[out.index("QGMMA") : out.rindex("QGMMA")]
-            assert loop.count("BAR.SYNC") == 3, loop.count("BAR.SYNC")
-        else:
-            assert out.count("BAR.SYNC") == 4 + 2 + ("persistent" in parts)
+        assert out.count("BAR.SYNC") == 4 + 2 + ("persistent" in parts)
         # the queries' stores fenced from the async proxy before the first MMA reads them
         assert "FENCE.VIEW.ASYNC.S" in out and out.index("FENCE.VIEW.ASYNC.S") < out.index("QGMMA")
         if overlap:  # the previous page's logits stored between a page's MMA and its wait

@@ -67,14 +67,8 @@ def test_the_persistent_grid(fmt, requests, max_ctx):
     if requests > 3:
         assert (got[0] == float("-inf")).all()  # paged_inputs' empty request
         assert (got[1, 1:] == float("-inf")).all()
-    # chunks taken by the first free program: one page, 3 (a request's last chunk short), more
-    # pages than a request has
-    for chunk in (1, 3, 600):
-        _check(q, w, cache, table, lens, max_ctx, fmt, persistent=True, chunk=chunk)
     with pytest.raises(ValueError, match="persistent"):
         _kernel().logits_paged(q, w, cache, fmt, table, lens, max_ctx, persistent=True, splits=2)
-    with pytest.raises(ValueError, match="chunk=4 takes the persistent grid"):
-        _kernel().logits_paged(q, w, cache, fmt, table, lens, max_ctx, splits=2, chunk=4)
 
 
 @pytest.mark.parametrize("heads", [64, 10])
@@ -123,9 +117,6 @@ def test_the_mxfp4_kernels_register_form(heads, splits):
         _check(q, w, cache, table, lens, 8192, splits=splits, registers=True, max_registers=cap)
         # overlapped: each page's logits stored beside the next page's MMA, the last after
         _check(q, w, cache, table, lens, 8192, splits=splits, overlap=True, max_registers=cap)
-    if splits is None:  # chunks of 5 pages, the register form and its overlapped one
-        _check(q, w, cache, table, lens, 8192, registers=True, chunk=5)
-        _check(q, w, cache, table, lens, 8192, overlap=True, chunk=5)
     if heads == 64:  # six stages: six pages an iteration, a different count of the last left
         _check(q, w, cache, table, lens, 8192, splits=splits, registers=True, stages=6)
         _check(q, w, cache, table, lens, 8192, splits=splits, overlap=True, stages=6)
