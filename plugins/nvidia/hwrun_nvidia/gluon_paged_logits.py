@@ -914,7 +914,6 @@ def _score_mxfp4_registers(
     # OVERLAP: the page before's product and scales, summed and stored beside this page's MMA
     done = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
     done_scale = gl.zeros([BLOCK_SIZE], gl.float32, rows_layout)
-    last = split
     for j in range(split, key_blocks, STAGES * SPLITS):
         for s in gl.static_range(STAGES):
             page = j + s * SPLITS
@@ -927,8 +926,8 @@ def _score_mxfp4_registers(
                     done_scale, length, key_blocks, max_ctx, SPLITS, HP, STAGES, OVERLAP,
                     acc_layout,
                 )  # fmt: skip
-                last = page
-    if OVERLAP and split < key_blocks:
+    if OVERLAP and split < key_blocks:  # the last page's logits
+        last = split + (key_blocks - 1 - split) // SPLITS * SPLITS
         _store_logits(done, w, done_scale, last * BLOCK_SIZE + out_rows, length, max_ctx, out_row)
 
 

@@ -265,9 +265,9 @@ def _build(fmt: str, heads: int) -> str:
 )
 def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
     env = dict(os.environ)
-    overlap = "overlap" in form.split(",")
-    env["OVERLAP"] = str(int(overlap))
     parts = form.split(",")
+    overlap = "overlap" in parts
+    env["OVERLAP"] = str(int(overlap))
     env["PAIRS"] = str(int("pairs" in parts))
     env["PERSISTENT"] = str(int("persistent" in parts))
     env["REGISTERS"] = str(int("registers" in parts))
