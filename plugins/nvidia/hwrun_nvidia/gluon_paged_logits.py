@@ -136,6 +136,18 @@ CODE_WORDS_SMEM = gl.constexpr(
     gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
 )
 FLAGS_LAYOUT = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))
+# A page's scale words for its fold decision: warp w's 16 rows (16w..16w+15) one a lane, lanes
+# 16-31 repeating 0-15. The product's rows (SliceLayout(1, acc_layout)) give a thread two rows,
+# each repeated in 4 lanes: the spreads there took twice the instructions.
+NOTE_ROWS = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[],
+        lane_bases=[[1], [2], [4], [8], [0]],
+        warp_bases=[[16], [32]],
+        block_bases=[],
+        shape=[64],
+    )
+)
 # The mxfp4 form with the keys in registers (``registers``): each thread loads group c (lane
 # % 4) of rows r and r + 8 (r = 16 * warp + lane // 4), the rows the MMA's register operand
 # gives it, so that the unpacked codes are that operand as they lie. Word j of group c
@@ -217,24 +229,38 @@ def _shifts(key_scales, groups):
 
 
 @gluon.jit
-def _masked_spread(scales, tok, length):
-    """Each product row's key spread, 0 past the request's keys."""
-    return gl.where(tok < length, _spread(scales), 0)
+def _page_spread(scale_words, page, length):
+    """Each key's spread in page ``page`` (its scale words ``scale_words``, shared [64]), 0
+    past the request's keys, in NOTE_ROWS."""
+    rows = gl.arange(0, BLOCK_SIZE, layout=NOTE_ROWS)
+    spread = _spread(scale_words.load(NOTE_ROWS))
+    return gl.where(rows < length - page * BLOCK_SIZE, spread, 0)
 
 
 @gluon.jit
 def _note_widest(flags, spread):
-    """Each warp's widest spread among the product rows it holds ([64] rows of 16 a warp)
-    into ``flags`` ([4] int32)."""
+    """Each warp's widest spread among its 16 rows ([64] in NOTE_ROWS) into ``flags`` ([4]
+    int32)."""
     flags.store(gl.max(gl.reshape(spread, [4, 16]), axis=1))
 
 
 @gluon.jit
-def _note_spread(flags, scales, tok, length):
-    """Each warp's widest key spread among the product rows it holds ([64] rows of 16 a warp)
-    into ``flags`` ([4] int32): the fold decision of a page, read after a later barrier, so
-    that no barrier is spent on it."""
-    _note_widest(flags, _masked_spread(scales, tok, length))
+def _note_spread(flags, scale_words, page, length):
+    """Each warp's widest key spread among its 16 rows of page ``page`` into ``flags``: the
+    page's fold decision, read after a later barrier, so that no barrier is spent on it."""
+    _note_widest(flags, _page_spread(scale_words, page, length))
+
+
+@gluon.jit
+def _lowered_tables(shift, words):
+    """The unpack's two code tables, each byte's exponent field lowered by ``shift`` [64, 4]
+    (all but the zero code's), broadcast over ``words`` [64, 4, 4]. Each is one multiply-add
+    (on the FMA pipe, not the ALU pipe the unpack fills): for shift < 32 no byte borrows, so
+    shift * 0x08080800 is TABLE_LOW's lowering with its zero byte kept. Larger shifts never
+    reach a product that is used (they do not fold)."""
+    low = gl.expand_dims(TABLE_LOW - shift * 0x08080800, 2)
+    high = gl.expand_dims(TABLE_HIGH - shift * 0x08080808, 2)
+    return low + gl.zeros_like(words), high + gl.zeros_like(words)
 
 
 @gluon.jit
@@ -242,9 +268,7 @@ def _unpacked(words, shift):
     """int32 [64, 32] e4m3 codes, four a word in element order, of packed ``words`` [64, 4, 4]
     (row, group, word), group g's lowered by ``shift`` [64, 4] (its exponent field minus
     shift; zero stays zero)."""
-    z = gl.expand_dims(shift * 0x08080808, 2) + gl.zeros_like(words)
-    low = TABLE_LOW - (z & -256)  # every byte but the zero code's
-    high = TABLE_HIGH - z
+    low, high = _lowered_tables(shift, words)
     first, second = gl.inline_asm_elementwise(
         UNPACK_NATURAL_ASM,
         "=r,=r,r,r,r",
@@ -613,8 +637,7 @@ def _score_mxfp4_pages(
     # flags.index(p): each warp's widest key spread in the page of parity p (see _note_spread)
     flags = gl.allocate_shared_memory(gl.int32, [2, 4], ROW_WORDS_SMEM)
     async_copy.wait_group(STAGES - 2)  # the first page
-    first_tok = split * BLOCK_SIZE + out_rows
-    _note_spread(flags.index(0), scales_ring.index(0).load(rows_layout), first_tok, length)
+    _note_spread(flags.index(0), scales_ring.index(0), split, length)
     # Once here, so that the loop's copies into the ring need none (without it the compiler
     # puts one before every page's copy, for the read above).
     _cta_barrier()
@@ -639,7 +662,6 @@ def _score_mxfp4_pages(
         row_scales = scales_ring.index(stage).load(rows_layout)
         tok = j * BLOCK_SIZE + out_rows
         row_scales = gl.where(tok < length, row_scales, 0)
-        next_scales = scales_ring.index((i + 1) % STAGES).load(rows_layout)
 
         shift = _shifts(key_scales, groups)
         widest = gl.max(flags.index(i % 2).load(FLAGS_LAYOUT), axis=0)
@@ -656,7 +678,8 @@ def _score_mxfp4_pages(
         _store_logits(acc, w, scale, tok, length, max_ctx, out_row)
         # The next page's decision, after this page's product (its barrier ends the reads of
         # the flags above) and before the next wait's barrier (which makes them visible).
-        _note_spread(flags.index((i + 1) % 2), next_scales, tok + SPLITS * BLOCK_SIZE, length)
+        _note_spread(flags.index((i + 1) % 2), scales_ring.index((i + 1) % STAGES), j + SPLITS,
+                     length)  # fmt: skip
         i += 1  # noqa: SIM113 (a kernel loop has no enumerate)
 
 
@@ -726,7 +749,8 @@ def _score_mxfp4_pairs(
         words_first.store(_unpacked(words, _shifts(key_scales, groups)))
         words_second.store(_unpacked(words2, _shifts(key_scales2, groups)))
         spread = gl.maximum(
-            _masked_spread(row_scales, tok, length), _masked_spread(row_scales2, tok2, length)
+            _page_spread(even_scales.index(stage), j, length),
+            _page_spread(odd_scales.index(stage), j2, length),
         )
         _note_widest(flags.index(p % 2), spread)
         fence_async_shared()  # the generic-proxy stores before the MMA's async-proxy reads
@@ -758,11 +782,11 @@ def _register_operand(words, shift, acc_layout: gl.constexpr):
     group g's codes lowered by ``shift`` [64, 4] (KEY_GROUPS). Every layout step below is
     the same registers renamed (asserted trivial): the unpack's two words a packed word go
     to K positions 16 apart, then each code word is read as four fp8 bytes."""
-    z = gl.expand_dims(shift * 0x08080808, 2) + gl.zeros_like(words)
+    low, high = _lowered_tables(shift, words)
     first, second = gl.inline_asm_elementwise(
         UNPACK_NATURAL_ASM,
         "=r,=r,r,r,r",
-        [words, TABLE_LOW - (z & -256), TABLE_HIGH - z],
+        [words, low, high],
         dtype=(gl.int32, gl.int32),
         is_pure=True,
         pack=1,
@@ -830,7 +854,7 @@ def _score_register_page(
     # the same rows in each thread as its packed words: the unpack's folds read them so
     key_scales = gl.convert_layout(row_scales, KEY_ROWS, assert_trivial=True)
     widest = gl.max(decide.load(FLAGS_LAYOUT), axis=0)
-    _note_spread(note, next_scales.index(0).load(rows_layout), tok + SPLITS * BLOCK_SIZE, length)
+    _note_spread(note, next_scales.index(0), j + SPLITS, length)
     if OVERLAP:
         # The folded product async (its result discarded where the page does not fold),
         # the previous page's logits summed and stored while it runs.
@@ -908,8 +932,7 @@ def _score_mxfp4_registers(
     fence_async_shared()
     async_copy.wait_group(STAGES - 2)  # the first page
     _cta_barrier()
-    first_tok = split * BLOCK_SIZE + out_rows
-    _note_spread(flags[0], scales[0].index(0).load(rows_layout), first_tok, length)
+    _note_spread(flags[0], scales[0].index(0), split, length)
 
     # OVERLAP: the page before's product and scales, summed and stored beside this page's MMA
     done = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
