@@ -127,7 +127,7 @@ TABLE_LOW = gl.constexpr(0x3C383000)  # e4m3 codes of 0, 0.5, 1, 1.5 (byte 0 fir
 TABLE_HIGH = gl.constexpr(0x4C484440)  # of 2, 3, 4, 6
 # mxfp4 pages: packed words [row, group, word], a thread holding one group (16 bytes) of two
 # rows; the groups and key rows sliced from it; the ring of packed pages; the codes' words
-# (read by the MMA as fp8); each warp's widest spread, all 4 in every thread.
+# (read by the MMA as fp8); each half page's widest spread, both in every thread.
 PACKED_WORDS = gl.constexpr(gl.BlockedLayout([1, 1, 4], [8, 4, 1], [4, 1, 1], [2, 1, 0]))
 PACKED_GROUPS = gl.constexpr(gl.SliceLayout(2, PACKED_WORDS))
 PACKED_KEY_ROWS = gl.constexpr(gl.SliceLayout(1, PACKED_GROUPS))
@@ -135,15 +135,16 @@ PACKED_RING_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
 CODE_WORDS_SMEM = gl.constexpr(
     gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
 )
-FLAGS_LAYOUT = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))
-# A page's scale words for its fold decision: warp w's 16 rows (16w..16w+15) one a lane, lanes
-# 16-31 repeating 0-15. The product's rows (SliceLayout(1, acc_layout)) give a thread two rows,
-# each repeated in 4 lanes: the spreads there took twice the instructions.
+FLAGS_LAYOUT = gl.constexpr(gl.BlockedLayout([2], [32], [4], [0]))
+# A page's scale words for its fold decision: rows 32h..32h+31 one a lane in warp h, warps 2
+# and 3 repeating 0 and 1. The product's rows (SliceLayout(1, acc_layout)) give a thread two
+# rows, each repeated in 4 lanes: the spreads there took twice the instructions, and a half
+# page's widest is then one warp's 32 lanes, a single REDUX instead of a shuffle tree.
 NOTE_ROWS = gl.constexpr(
     gl.DistributedLinearLayout(
         reg_bases=[],
-        lane_bases=[[1], [2], [4], [8], [0]],
-        warp_bases=[[16], [32]],
+        lane_bases=[[1], [2], [4], [8], [16]],
+        warp_bases=[[32], [0]],
         block_bases=[],
         shape=[64],
     )
@@ -212,20 +213,30 @@ def _largest_code(scales):
 
 
 @gluon.jit
-def _spread(scales):
-    """Each key's largest e8m0 code minus its smallest."""
-    smallest = gl.minimum(
+def _smallest_code(scales):
+    """Each key's smallest e8m0 code (scales: its 4 codes as one word)."""
+    return gl.minimum(
         gl.minimum(_byte(scales, 0), _byte(scales, 1)),
         gl.minimum(_byte(scales, 2), _byte(scales, 3)),
     )
-    return _largest_code(scales) - smallest
+
+
+@gluon.jit
+def _spread(scales):
+    """Each key's largest e8m0 code minus its smallest."""
+    return _largest_code(scales) - _smallest_code(scales)
+
+
+@gluon.jit
+def _group_bytes(key_words, groups):
+    """[64, 4] byte g of each key's word (``key_words`` [64]) in column g."""
+    return (gl.expand_dims(key_words, 1) >> gl.expand_dims(groups * 8, 0)) & 0xFF
 
 
 @gluon.jit
 def _shifts(key_scales, groups):
     """[64, 4] each key group's fold: its key's largest e8m0 code minus its own."""
-    codes = (gl.expand_dims(key_scales, 1) >> gl.expand_dims(groups * 8, 0)) & 0xFF
-    return gl.expand_dims(_largest_code(key_scales), 1) - codes
+    return gl.expand_dims(_largest_code(key_scales), 1) - _group_bytes(key_scales, groups)
 
 
 @gluon.jit
@@ -239,15 +250,31 @@ def _page_spread(scale_words, page, length):
 
 @gluon.jit
 def _note_widest(flags, spread):
-    """Each warp's widest spread among its 16 rows ([64] in NOTE_ROWS) into ``flags`` ([4]
-    int32)."""
-    flags.store(gl.max(gl.reshape(spread, [4, 16]), axis=1))
+    """Each half page's widest spread ([64] in NOTE_ROWS, rows 0-31 and 32-63) into ``flags``
+    ([2] int32; warps 2 and 3 store the same words as warps 0 and 1)."""
+    flags.store(gl.max(gl.reshape(spread, [2, 32]), axis=1))
+
+
+@gluon.jit
+def _note_fold(flags, shifts, scales, scale_words, page, length):
+    """Page ``page``'s fold worked out a page ahead, once a row (NOTE_ROWS, half the
+    instructions of the product's rows): as _note_spread into ``flags``, each key's group
+    shifts into ``shifts`` (byte g: its largest e8m0 code minus group g's; no byte borrows) and
+    the bits of its scale 2^(largest - 127) into ``scales`` (both [64] int32, allocations of
+    their own: the compiler puts a barrier between two stores into one). Zero codes past the
+    request's keys: no shift, the smallest scale."""
+    rows = gl.arange(0, BLOCK_SIZE, layout=NOTE_ROWS)
+    codes = gl.where(rows < length - page * BLOCK_SIZE, scale_words.load(NOTE_ROWS), 0)
+    largest = _largest_code(codes)
+    _note_widest(flags, largest - _smallest_code(codes))
+    shifts.store(largest * 0x01010101 - codes)
+    scales.store(_power_of_two(largest).to(gl.int32, bitcast=True))
 
 
 @gluon.jit
 def _note_spread(flags, scale_words, page, length):
-    """Each warp's widest key spread among its 16 rows of page ``page`` into ``flags``: the
-    page's fold decision, read after a later barrier, so that no barrier is spent on it."""
+    """Each half's widest key spread in page ``page`` into ``flags``: the page's fold
+    decision, read after a later barrier, so that no barrier is spent on it."""
     _note_widest(flags, _page_spread(scale_words, page, length))
 
 
@@ -634,8 +661,8 @@ def _score_mxfp4_pages(
     # layouts swizzle 16-byte chunks of 128-byte rows).
     a_words = gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE, 32], CODE_WORDS_SMEM)
     a_codes = _as_fp8(a_words)
-    # flags.index(p): each warp's widest key spread in the page of parity p (see _note_spread)
-    flags = gl.allocate_shared_memory(gl.int32, [2, 4], ROW_WORDS_SMEM)
+    # flags.index(p): each half's widest key spread in the page of parity p (see _note_spread)
+    flags = gl.allocate_shared_memory(gl.int32, [2, 2], ROW_WORDS_SMEM)
     async_copy.wait_group(STAGES - 2)  # the first page
     _note_spread(flags.index(0), scales_ring.index(0), split, length)
     # Once here, so that the loop's copies into the ring need none (without it the compiler
@@ -690,7 +717,7 @@ def _score_mxfp4_pairs(
     acc_layout: gl.constexpr,
 ):  # fmt: skip
     """mxfp4 keys, two pages an iteration: one ring wait and one barrier serve both pages'
-    codes and their fold decision (each warp's widest key spread over the two, noted before
+    codes and their fold decision (each half's widest key spread over the two, noted before
     that barrier). A program's even pages go to one ring and its odd pages to another, so that
     the two copies an iteration issues need no barrier between them."""
     gl.static_assert(STAGES >= 4 and STAGES % 2 == 0, "a pair in hand, pairs in flight")
@@ -720,7 +747,7 @@ def _score_mxfp4_pairs(
     words_second = gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE, 32], CODE_WORDS_SMEM)
     codes_first = _as_fp8(words_first)
     codes_second = _as_fp8(words_second)
-    flags = gl.allocate_shared_memory(gl.int32, [2, 4], ROW_WORDS_SMEM)
+    flags = gl.allocate_shared_memory(gl.int32, [2, 2], ROW_WORDS_SMEM)
     _cta_barrier()  # the queries' store, once here (else the compiler puts one in the loop)
 
     p = 0
@@ -826,17 +853,19 @@ def _register_four_products(q_smem, words, groups, row_scales, HP: gl.constexpr,
 
 @gluon.jit
 def _score_register_page(
-    q_smem, w, words, scales, next_scales, free_words, free_scales, decide, note, cache_ptr,
-    cache_block_stride, table_row, out_row, out_rows, groups, word_offs, scale_offs,
-    blk, j, first, done, done_scale, length, key_blocks, max_ctx, SPLITS, HP: gl.constexpr,
-    STAGES: gl.constexpr, OVERLAP: gl.constexpr, acc_layout: gl.constexpr,
+    q_smem, w, words, scales, next_scales, free_words, free_scales, decide, decide_shifts,
+    decide_scales, note, note_shifts, note_scales, cache_ptr, cache_block_stride, table_row,
+    out_row, out_rows, groups, word_offs, scale_offs, blk, j, first, done, done_scale, length,
+    key_blocks, max_ctx, SPLITS, HP: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
+    acc_layout: gl.constexpr,
 ):  # fmt: skip
     """Page j from its stage (``words``, ``scales``) at one barrier, after which every thread's
     copies of pages j and j + SPLITS are visible and every read of the stage the last page
     used (``free_words``, ``free_scales``) is done, so page j + (STAGES - 1) * SPLITS may be
-    copied into it. ``decide`` holds the warps' widest key spreads of page j, noted before
-    that barrier; page j + SPLITS's (``next_scales``) go into ``note``, which the next page's
-    barrier makes visible. Returns the block of the page copied at the next page, and with
+    copied into it. ``decide``, ``decide_shifts`` and ``decide_scales`` hold page j's fold
+    (_note_fold), noted before that barrier; page j + SPLITS's (from ``next_scales``) go into
+    ``note``, ``note_shifts`` and ``note_scales``, which the next page's barrier makes
+    visible. Returns the block of the page copied at the next page, and with
     OVERLAP page j's product and scales, whose logits the next page (or the loop's end) stores
     as this one stores the previous page's (``done``, ``done_scale``)."""
     rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
@@ -850,33 +879,36 @@ def _score_register_page(
     blk = _page_block(table_row, j + ahead + SPLITS, key_blocks)
     packed = words.index(0).load(KEY_WORDS)
     tok = j * BLOCK_SIZE + out_rows
-    row_scales = gl.where(tok < length, scales.index(0).load(rows_layout), 0)
     # the same rows in each thread as its packed words: the unpack's folds read them so
-    key_scales = gl.convert_layout(row_scales, KEY_ROWS, assert_trivial=True)
+    key_shifts = gl.convert_layout(decide_shifts.load(rows_layout), KEY_ROWS,
+                                   assert_trivial=True)  # fmt: skip
+    shift = _group_bytes(key_shifts, groups)
     widest = gl.max(decide.load(FLAGS_LAYOUT), axis=0)
-    _note_spread(note, next_scales.index(0), j + SPLITS, length)
+    _note_fold(note, note_shifts, note_scales, next_scales.index(0), j + SPLITS, length)
     if OVERLAP:
         # The folded product async (its result discarded where the page does not fold),
         # the previous page's logits summed and stored while it runs.
-        operand = _register_operand(packed, _shifts(key_scales, groups), acc_layout)
+        operand = _register_operand(packed, shift, acc_layout)
         zero = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
         pending = warpgroup_mma(operand, q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
         # (no branch: ptxas then keeps it before the wait; the first page's goes past max_ctx)
         prev = gl.where(j > first, tok - SPLITS * BLOCK_SIZE, max_ctx)
         _store_logits(done, w, done_scale, prev, length, max_ctx, out_row)
         acc = _mma_result(pending)
-        scale = _power_of_two(_largest_code(row_scales))
+        scale = decide_scales.load(rows_layout).to(gl.float32, bitcast=True)
         if widest > MAX_FOLD:
+            row_scales = gl.where(tok < length, scales.index(0).load(rows_layout), 0)
             acc = _register_four_products(q_smem, packed, groups, row_scales, HP, acc_layout)
             scale = gl.full([BLOCK_SIZE], 1.0, gl.float32, rows_layout)
         return blk, acc, scale
     else:
         if widest <= MAX_FOLD:
-            operand = _register_operand(packed, _shifts(key_scales, groups), acc_layout)
+            operand = _register_operand(packed, shift, acc_layout)
             zero = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
             acc = warpgroup_mma(operand, q_smem.permute((1, 0)), zero, use_acc=False)
-            scale = _power_of_two(_largest_code(row_scales))
+            scale = decide_scales.load(rows_layout).to(gl.float32, bitcast=True)
         else:
+            row_scales = gl.where(tok < length, scales.index(0).load(rows_layout), 0)
             acc = _register_four_products(q_smem, packed, groups, row_scales, HP, acc_layout)
             scale = gl.full([BLOCK_SIZE], 1.0, gl.float32, rows_layout)
         _store_logits(acc, w, scale, tok, length, max_ctx, out_row)
@@ -916,8 +948,16 @@ def _score_mxfp4_registers(
     scale_offs = gl.arange(0, BLOCK_SIZE, layout=ROW_WORDS_COPY)
     words, scales = _stage_buffers(STAGES)
     flags = (
-        gl.allocate_shared_memory(gl.int32, [4], ROW_WORDS_SMEM),
-        gl.allocate_shared_memory(gl.int32, [4], ROW_WORDS_SMEM),
+        gl.allocate_shared_memory(gl.int32, [2], ROW_WORDS_SMEM),
+        gl.allocate_shared_memory(gl.int32, [2], ROW_WORDS_SMEM),
+    )
+    # each page's shifts and scales beside its flags, taken in turn alike (_note_fold):
+    # (shifts, scales) of the even pages, then of the odd ones
+    folds = (
+        gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE], ROW_WORDS_SMEM),
+        gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE], ROW_WORDS_SMEM),
+        gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE], ROW_WORDS_SMEM),
+        gl.allocate_shared_memory(gl.int32, [BLOCK_SIZE], ROW_WORDS_SMEM),
     )
     for s in gl.static_range(STAGES - 1):
         page = split + s * SPLITS
@@ -932,7 +972,7 @@ def _score_mxfp4_registers(
     fence_async_shared()
     async_copy.wait_group(STAGES - 2)  # the first page
     _cta_barrier()
-    _note_spread(flags[0], scales[0].index(0), split, length)
+    _note_fold(flags[0], folds[0], folds[1], scales[0].index(0), split, length)
 
     # OVERLAP: the page before's product and scales, summed and stored beside this page's MMA
     done = gl.zeros([BLOCK_SIZE, HP], gl.float32, acc_layout)
@@ -944,7 +984,9 @@ def _score_mxfp4_registers(
                 blk, done, done_scale = _score_register_page(
                     q_smem, w, words[s], scales[s], scales[(s + 1) % STAGES],
                     words[(s + STAGES - 1) % STAGES], scales[(s + STAGES - 1) % STAGES],
-                    flags[s % 2], flags[(s + 1) % 2], cache_ptr, cache_block_stride, table_row,
+                    flags[s % 2], folds[2 * (s % 2)], folds[2 * (s % 2) + 1],
+                    flags[(s + 1) % 2], folds[2 * ((s + 1) % 2)], folds[2 * ((s + 1) % 2) + 1],
+                    cache_ptr, cache_block_stride, table_row,
                     out_row, out_rows, groups, word_offs, scale_offs, blk, page, split, done,
                     done_scale, length, key_blocks, max_ctx, SPLITS, HP, STAGES, OVERLAP,
                     acc_layout,
