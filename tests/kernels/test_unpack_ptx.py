@@ -121,9 +121,9 @@ def test_natural_order_unpack_of_the_gluon_kernel(shift):
     lowers them for a group ``shift`` below the key's largest."""
     gluon_logits = pytest.importorskip("hwrun_nvidia.gluon_paged_logits")
     words = _words()
-    z = 0x08080808 * shift
-    low = np.full_like(words, (gluon_logits.TABLE_LOW.value - (z & 0xFFFFFF00)) & 0xFFFFFFFF)
-    high = np.full_like(words, (gluon_logits.TABLE_HIGH.value - z) & 0xFFFFFFFF)
+    # _lowered_tables: one multiply-add each (0x08080800: the zero code's byte kept)
+    low = np.full_like(words, (gluon_logits.TABLE_LOW.value - shift * 0x08080800) & 0xFFFFFFFF)
+    high = np.full_like(words, (gluon_logits.TABLE_HIGH.value - shift * 0x08080808) & 0xFFFFFFFF)
     out = _run_ptx(gluon_logits.UNPACK_NATURAL_ASM.value, {2: words, 3: low, 4: high})
     elements = _e4m3_of_e2m1(_elements(words), shift)
     assert np.array_equal(_bytes(out[0]), elements[:, :4])

@@ -31,8 +31,9 @@ Where a program has 16 pages or more, mxfp4 keys take the register form (``regis
 which keeps the codes out of shared memory altogether: each thread loads the one packed group
 its warpgroup MMA's register operand needs (group c = lane % 4 of its two rows), unpacks it in
 place, and the MMA reads the codes from registers (the queries loaded in the K order that makes
-this so). A page costs one barrier and no code stores: on its fast path 286 instructions a warp
-against the paired form's ~330 in the same sm_90 build (Triton 3.6, 128 registers). On an H100
+this so). A page costs one barrier and no code stores: on its fast path 250 instructions a warp
+against the paired form's ~330 in the same sm_90 build (Triton 3.6, 128 registers; 286 when
+timed below, before each page's fold was noted a page ahead, once a row). On an H100
 (2026-12-07) 317.3 us against the paired form's 349.0 at B=64 x 131072 (DeepGEMM's fp8 386.6:
 0.82x), 85.4 against 91.8 at 64 x 32768; slower with few pages a program (1 x 131072: 10.6
 against 8.2). ncu there: 57% of DRAM bandwidth, 0.53 instructions issued a cycle a scheduler,
