@@ -328,6 +328,23 @@ def test_cubin_for_sm90_keeps_the_design(fmt, heads, form, tmp_path):
         assert "STG" in out[mma : out.index("WARPGROUP.DEPBAR", mma)]
 
 
+def test_register_form_page_is_one_product_one_barrier_and_its_stores():
+    """bench/paged_logits_sass.py's page of the default mxfp4 form (registers, capped at 128):
+    the path a folding page takes is one K=128 product (4 k-steps), one barrier, its two rows'
+    logit stores a thread, and no spill reload."""
+    pytest.importorskip("triton.experimental.gluon")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    child = subprocess.run(
+        [sys.executable, "bench/paged_logits_sass.py"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    line = child.stdout.strip().splitlines()[-1]
+    assert re.search(r"a page: \d+ instructions, ALU pipe \d+", line), line
+    assert "MMA k-steps 4, barriers 1, logit stores 2, spill loads 0" in line, line
+
+
 MLA_SPEC = OpSpec(
     op="sparse_mla.decode",
     dtype="bfloat16",
