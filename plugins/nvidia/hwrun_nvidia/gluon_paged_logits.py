@@ -241,12 +241,17 @@ def _shifts(key_scales, groups):
 
 
 @gluon.jit
-def _page_spread(scale_words, page, length):
-    """Each key's spread in page ``page`` (its scale words ``scale_words``, shared [64]), 0
-    past the request's keys, in NOTE_ROWS."""
+def _page_codes(scale_words, page, length):
+    """Each key's scale word in page ``page`` (``scale_words``, shared [64]) in NOTE_ROWS, 0
+    past the request's keys (stale bytes there: no spread, no shift)."""
     rows = gl.arange(0, BLOCK_SIZE, layout=NOTE_ROWS)
-    spread = _spread(scale_words.load(NOTE_ROWS))
-    return gl.where(rows < length - page * BLOCK_SIZE, spread, 0)
+    return gl.where(rows < length - page * BLOCK_SIZE, scale_words.load(NOTE_ROWS), 0)
+
+
+@gluon.jit
+def _page_spread(scale_words, page, length):
+    """Each key's spread in page ``page``, 0 past the request's keys, in NOTE_ROWS."""
+    return _spread(_page_codes(scale_words, page, length))
 
 
 @gluon.jit
@@ -264,8 +269,7 @@ def _note_fold(flags, shifts, scales, scale_words, page, length):
     the bits of its scale 2^(largest - 127) into ``scales`` (both [64] int32, allocations of
     their own: the compiler puts a barrier between two stores into one). Zero codes past the
     request's keys: no shift, the smallest scale."""
-    rows = gl.arange(0, BLOCK_SIZE, layout=NOTE_ROWS)
-    codes = gl.where(rows < length - page * BLOCK_SIZE, scale_words.load(NOTE_ROWS), 0)
+    codes = _page_codes(scale_words, page, length)
     largest = _largest_code(codes)
     _note_widest(flags, largest - _smallest_code(codes))
     shifts.store(largest * 0x01010101 - codes)
