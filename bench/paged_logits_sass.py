@@ -1,10 +1,12 @@
-"""Instructions a page of the Gluon paged-logits kernel, counted in its sm_90 SASS, on CPU.
+"""Instructions a page of the Gluon paged-logits kernel's mxfp4 register form (the default from
+16 pages a program), counted in its sm_90 SASS, on CPU.
 
-Usage: ``python bench/paged_logits_sass.py [--stages 4] [--form registers] [--overlap]
-[--max-registers 128] [--heads 64] [--sass FILE]``.
+Usage: ``python bench/paged_logits_sass.py [--stages 4] [--overlap] [--max-registers 128]
+[--heads 64] [--sass FILE]``.
 
-Builds ``hwrun_nvidia.gluon_paged_logits`` for sm_90 with the installed Triton (no GPU needed),
-then follows one page of the loop: from its third page's barrier to its fourth's, the shortest
+Builds ``hwrun_nvidia.gluon_paged_logits``'s register form on the persistent grid for sm_90 with
+the installed Triton (no GPU needed), then follows one page of the loop (a barrier a page; the
+other forms' loops have other shapes): from its third page's barrier to its fourth's, the shortest
 path with no backward branch, which is the page that folds (the four-product path holds a
 loop). Prints the registers and spill bytes a thread and that path's instructions by pipe: sm_90
 runs the ALU pipe (logic, permutes, shifts, compares, min/max, integer adds) at half rate, the
@@ -36,22 +38,16 @@ SIGNATURE = {
     "lens_ptr": "*i32", "out_ptr": "*fp32", "cache_block_stride": "i64", "table_stride": "i32",
     "out_stride": "i32", "max_ctx": "i32", "num_ctx_blocks": "i32", "SPLITS": "i32", "batch": "i32",
 }  # fmt: skip
-FORMS = {
-    "registers": (True, False, True),
-    "pairs": (False, True, True),
-    "pages": (False, False, False),
-}
 
 
 def build_sass(args) -> tuple[str, str]:
     """The kernel's SASS and ptxas's resource line."""
     from hwrun_nvidia import gluon_paged_logits as kernel
 
-    registers, pairs, persistent = FORMS[args.form]
     padded = max(16, triton.next_power_of_2(args.heads))
     constexprs = {"H": args.heads, "HP": padded, "STAGES": args.stages, "MXFP4": True,
-                  "OVERLAP": args.overlap, "PAIRS": pairs, "PERSISTENT": persistent,
-                  "REGISTERS": registers}  # fmt: skip
+                  "OVERLAP": args.overlap, "PAIRS": False, "PERSISTENT": True,
+                  "REGISTERS": True}  # fmt: skip
     signature = {**SIGNATURE, **dict.fromkeys(constexprs, "constexpr")}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
     source = GluonASTSource(kernel._paged_logits_kernel, signature, constexprs, attrs)
@@ -101,7 +97,6 @@ def page_path(sass: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--stages", type=int, default=4)
-    parser.add_argument("--form", choices=FORMS, default="registers")
     parser.add_argument("--overlap", action="store_true")
     parser.add_argument("--max-registers", type=int, default=128, help="0: uncapped")
     parser.add_argument("--heads", type=int, default=64)
