@@ -24,7 +24,8 @@ head blocks run as one cluster of two CTAs; each producer gathers and decodes ha
 tile and stores it into both CTAs' stages (st.async, 16 bytes a store, whole 128-byte rows a
 warp). Correct on an H100 (2026-12-07: outputs equal to the one-CTA kernel's), but not yet
 faster: B=64 135.4 us against 129.7, B=128 265.2 against 266.4, B=1 20.1 against 18.8
-(docs/benchmarks.md, twenty-sixth session, has the ablations and what is left to try).
+(docs/benchmarks.md, twenty-sixth session, has the ablations and what is left to try); with
+both producers' slots loaded ahead (2026-12-08) B=64 128.8 against 113.3, B=1 20.0 against 18.0.
 
 With more splits than one, the parts are merged by lse_combine, as the Triton kernel's are.
 Numerics are the Triton kernel's: the same decode, P rounded to bf16, fp32 accumulators.
@@ -32,10 +33,10 @@ Numerics are the Triton kernel's: the same decode, P rounded to bf16, fp32 accum
 Built for sm_90 in CI (plugins/nvidia/tests/test_gluon.py). On an H100 (2026-12-07) it passed
 its GPU tests (plugins/nvidia/tests/test_gluon_sparse_mla_gpu.py) and
 `hwrun conformance --ops sparse_mla.decode` with HWRUN_GLUON=1 and no FlashMLA was conformant
-(51 run, 51 passed). Time at B=64, 128 heads, top-2048 of 262,144 tokens: the warp-specialised
-kernel 128.3 us against FlashMLA's 93.3 (1.37x; Triton 205.7); at B=1
-with 16 splits 18.6 us against 17.4 (1.07x). ncu of it at B=64: 45% of its stall cycles waited
-on the producer's gathers, half a tile ahead (docs/benchmarks.md).
+(51 run, 51 passed). Time at B=64, 128 heads, top-2048 of 262,144 tokens (H100, 2026-12-08):
+113.3 us against FlashMLA's 98.6 (1.15x; 129.2 before each half tile's slots were loaded a half
+tile ahead of its gathers, whose addresses had held the producer's in-order issue for a load's
+latency twice a tile); at B=1 with 16 splits 18.0 us against 17.3 (1.04x) (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -73,16 +74,25 @@ BF16_OPERAND_SMEM = gl.constexpr(
 
 
 @gluon.jit
-def _gather_rows(cache_ptr, slot_row, start, hi, block_size, block_stride, row_stride,
-                 ROWS: gl.constexpr, LAYOUT: gl.constexpr):  # fmt: skip
-    """Entries start .. start+ROWS-1's rows as stored (zeros for invalid entries and those past
-    ``hi``), as one tuple: the four groups' codes and the rope values ([ROWS, 32] int32 words
-    each, in ``LAYOUT``) and the groups' scales ([ROWS] fp32 each) (w0..w3, s0..s3, rope)."""
+def _row_slots(slot_row, start, hi, ROWS: gl.constexpr, LAYOUT: gl.constexpr):
+    """Entries start .. start+ROWS-1's cache slots (-1 for invalid entries and those past
+    ``hi``), in the rows of ``LAYOUT``. Loaded a step before :func:`_gather_rows` takes them:
+    the gathers' addresses wait on these, and in a warp's in-order issue so would everything
+    after them."""
     j = start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
-    slot = gl.load(slot_row + j, mask=j < hi, other=-1)
+    return gl.load(slot_row + j, mask=j < hi, other=-1)
+
+
+@gluon.jit
+def _gather_rows(cache_ptr, slot, block_size, block_stride, row_stride, LAYOUT: gl.constexpr):
+    """The rows of ``slot`` (a :func:`_row_slots` tensor) as stored (zeros where it is -1), as
+    one tuple: the four groups' codes and the rope values ([ROWS, 32] int32 words each, in
+    ``LAYOUT``) and the groups' scales ([ROWS] fp32 each) (w0..w3, s0..s3, rope)."""
     valid = slot >= 0
-    safe = gl.where(valid, slot, 0).to(gl.int64)
-    offs = (safe // block_size) * block_stride + (safe % block_size) * row_stride
+    safe = gl.where(valid, slot, 0)  # a slot fits int32: the block and row in 32-bit division
+    offs = (safe // block_size).to(gl.int64) * block_stride + (safe % block_size).to(
+        gl.int64
+    ) * row_stride
     if HAS_MULTIPLE_OF:  # noqa: SIM108 (constexpr branches as statements, as the jit reads them)
         rows = cache_ptr + gl.multiple_of(offs, 16)
     else:
@@ -356,26 +366,27 @@ def _ws_producer(cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stri
                  k_nope, k_rope, k_ready, k_free, STAGES: gl.constexpr):  # fmt: skip
     """The producer warpgroup: each tile's rows gathered (half a tile ahead, so that a half's
     loads are in flight while the one before it is decoded), decoded into a free ring stage,
-    and the stage handed to the consumers."""
-    half = _gather_rows(
-        cache_ptr, slot_row, lo, hi, block_size, block_stride, row_stride, HALF, WORDS_WG_LAYOUT
-    )
+    and the stage handed to the consumers. Each half's slots are loaded a half tile before its
+    gathers, so the gathers' addresses are in registers when they issue."""
+    # each half's slots a half tile before its gathers are issued
+    slots = _row_slots(slot_row, lo, hi, HALF, WORDS_WG_LAYOUT)
+    slots_second = _row_slots(slot_row, lo + HALF, hi, HALF, WORDS_WG_LAYOUT)
+    half = _gather_rows(cache_ptr, slots, block_size, block_stride, row_stride, WORDS_WG_LAYOUT)
+    slots = _row_slots(slot_row, lo + BLOCK_N, hi, HALF, WORDS_WG_LAYOUT)
     for t in range(_tile_count(lo, hi)):
         stage = t % STAGES
         start = lo + t * BLOCK_N
         second = _gather_rows(
-            cache_ptr, slot_row, start + HALF, hi, block_size, block_stride, row_stride, HALF,
-            WORDS_WG_LAYOUT,
-        )  # fmt: skip
+            cache_ptr, slots_second, block_size, block_stride, row_stride, WORDS_WG_LAYOUT
+        )
+        slots_second = _row_slots(slot_row, start + BLOCK_N + HALF, hi, HALF, WORDS_WG_LAYOUT)
         mbarrier.wait(k_free.index(stage), (t // STAGES) & 1 ^ 1)
         nope = k_nope.index(stage)
         rope = k_rope.index(stage)
         nope_words = _as_words(nope)
         _store_placed(nope_words.slice(0, HALF, dim=0), rope.slice(0, HALF, dim=0), half)
-        half = _gather_rows(
-            cache_ptr, slot_row, start + BLOCK_N, hi, block_size, block_stride, row_stride,
-            HALF, WORDS_WG_LAYOUT,
-        )  # fmt: skip
+        half = _gather_rows(cache_ptr, slots, block_size, block_stride, row_stride, WORDS_WG_LAYOUT)
+        slots = _row_slots(slot_row, start + 2 * BLOCK_N, hi, HALF, WORDS_WG_LAYOUT)
         _store_placed(nope_words.slice(HALF, HALF, dim=0), rope.slice(HALF, HALF, dim=0), second)
         fence_async_shared()  # this warpgroup's stores before the MMAs' async-proxy reads
         _cta_barrier()  # every warp's, before the one arrival
@@ -400,16 +411,16 @@ def _ws_producer_crossover(cache_ptr, slot_row, lo, hi, block_size, block_stride
     remote_ready = _remote_address(smem + ready_offset, peer)
     remote_free = _remote_address(smem + peer_free_offset, peer)
     remote_signal = _remote_address(smem + signal_offset, peer)
-    mine = _gather_rows(
-        cache_ptr, slot_row, lo + rank * HALF, hi, block_size, block_stride, row_stride, HALF,
-        WORDS_WG_LAYOUT,
-    )  # fmt: skip
+    slots = _row_slots(slot_row, lo + rank * HALF, hi, HALF, WORDS_WG_LAYOUT)
+    mine = _gather_rows(cache_ptr, slots, block_size, block_stride, row_stride, WORDS_WG_LAYOUT)
+    slots = _row_slots(slot_row, lo + BLOCK_N + rank * HALF, hi, HALF, WORDS_WG_LAYOUT)
     for t in range(_tile_count(lo, hi)):
         stage = t % STAGES
         ahead = _gather_rows(
-            cache_ptr, slot_row, lo + (t + 1) * BLOCK_N + rank * HALF, hi, block_size,
-            block_stride, row_stride, HALF, WORDS_WG_LAYOUT,
-        )  # fmt: skip
+            cache_ptr, slots, block_size, block_stride, row_stride, WORDS_WG_LAYOUT
+        )
+        slots = _row_slots(slot_row, lo + (t + 2) * BLOCK_N + rank * HALF, hi, HALF,
+                           WORDS_WG_LAYOUT)  # fmt: skip
         mbarrier.wait(k_free.index(stage), (t // STAGES) & 1 ^ 1)
         _signal(remote_signal + stage * SIGNAL_BYTES, remote_free + stage * 8)  # free for the peer
         mbarrier.expect(peer_free.index(stage), SIGNAL_BYTES)  # and the peer's stage for this CTA
