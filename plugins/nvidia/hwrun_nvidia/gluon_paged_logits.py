@@ -32,18 +32,19 @@ which keeps the codes out of shared memory altogether: each thread loads the one
 its warpgroup MMA's register operand needs (group c = lane % 4 of its two rows), unpacks it in
 place, and the MMA reads the codes from registers (the queries loaded in the K order that makes
 this so). A page costs one barrier and no code stores: on its fast path 250 instructions a warp
-against the paired form's ~330 in the same sm_90 build (Triton 3.6, 128 registers; 286 when
-timed below, before each page's fold was noted a page ahead, once a row). On an H100
-(2026-12-07) 317.3 us against the paired form's 349.0 at B=64 x 131072 (DeepGEMM's fp8 386.6:
-0.82x), 85.4 against 91.8 at 64 x 32768; slower with few pages a program (1 x 131072: 10.6
-against 8.2). ncu there: 57% of DRAM bandwidth, 0.53 instructions issued a cycle a scheduler,
-3.05 warps active a scheduler of the 4 its 128 registers allow, 1.07 eligible; yet 3 programs
-an SM were almost as fast as 4, so more warps alone would not help (docs/benchmarks.md).
+against the paired form's ~330 in the same sm_90 build (Triton 3.6, 128 registers). On an H100
+(2026-12-08) 285.0 us at B=64 x 131072 against DeepGEMM's fp8 386.8 (0.74x; 304.5 at 271
+instructions, 313.7 at 284); on 2026-12-07, at 286 instructions, 317.3 against the paired
+form's 349.0, 85.4 against 91.8 at 64 x 32768, and slower with few pages a program (1 x 131072:
+10.6 against 8.2). ncu there (at 286): 57% of DRAM bandwidth, 0.53 instructions issued a cycle
+a scheduler, 3.05 warps active a scheduler of the 4 its 128 registers allow, 1.07 eligible; yet
+3 programs an SM were almost as fast as 4, so more warps alone would not help
+(docs/benchmarks.md).
 Its ``overlap`` option, tested and timed on an H100 (2026-12-07) and left off, issues each
 page's MMA async and sums and stores the previous page's logits before waiting for it (311.5 us
 against 314.7). ncu there has the form throttled on the half-rate ALU pipe, not on memory, and
 its multiprocessors finishing within 2% of each other: hence relu as x + |x| and the unpack's
-mul.hi, both on the FMA pipe (not yet timed).
+mul.hi, both on the FMA pipe (in the 2026-12-08 times above).
 
 Both formats run the persistent grid by default (``persistent``): a fixed number of programs,
 as many as the multiprocessors hold, each scoring an equal contiguous share of all requests'
@@ -56,7 +57,8 @@ Tested: the sm_90 cubin of each form is built and read in CI (plugins/nvidia/tes
 test_gluon.py), the unpack is checked by tests/kernels/test_unpack_ptx.py, and plugins/nvidia/
 tests/test_gluon_gpu.py compares every form with the reference on an H200 (passed there, 49
 cases, on 2026-12-06; the persistent grid's cases first ran on an H100 on 2026-12-07, and all 64
-cases, the register form's included, passed on an H100 on 2026-12-07).
+cases, the register form's included, passed on an H100 on 2026-12-07; all 65 at 316027c on an H100
+on 2026-12-08).
 """
 
 from __future__ import annotations
@@ -1026,7 +1028,8 @@ class KeyKernel(NamedTuple):
 # 131072 (248 pages a program), 85.4 against 91.8 at 64 x 32768 (62), par at 4 x 131072 (15.5:
 # 24.5 / 24.4), slower below (8 x 32768, 7.8 pages: 14.7 / 13.8; 1 x 131072, 3.9: 10.6 / 8.2),
 # where its longer start (three pages issued, the queries gathered in its K order) is most of
-# a program's time. 6 and 8 stages 319.8 and 325.5; 96 registers (5 programs an SM) 346.6.
+# a program's time. 6 and 8 stages 319.8 and 325.5; 96 registers (5 programs an SM) 346.6. At
+# 250 instructions a page (316027c, 2026-12-08): 285.0 against DeepGEMM's 386.8 at 64 x 131072.
 KERNELS = {
     "mxfp4": KeyKernel(
         True, 64, 4, pairs=True, max_registers=128, per_sm=3, persistent=True, registers_from=16
