@@ -86,8 +86,8 @@ def _row_slots(slot_row, start, hi, ROWS: gl.constexpr, LAYOUT: gl.constexpr):
 @gluon.jit
 def _gather_rows(cache_ptr, slot, block_size, block_stride, row_stride, LAYOUT: gl.constexpr):
     """The rows of ``slot`` (a :func:`_row_slots` tensor) as stored (zeros where it is -1), as
-    one tuple: the four groups' codes and the rope values ([ROWS, 32] int32 words each, in
-    ``LAYOUT``) and the groups' scales ([ROWS] fp32 each) (w0..w3, s0..s3, rope)."""
+    one tuple: the four groups' codes and the rope values ([n, 32] int32 words each for n
+    slots, in ``LAYOUT``) and the groups' scales ([n] fp32 each) (w0..w3, s0..s3, rope)."""
     valid = slot >= 0
     safe = gl.where(valid, slot, 0)  # a slot fits int32: the block and row in 32-bit division
     offs = (safe // block_size).to(gl.int64) * block_stride + (safe % block_size).to(
