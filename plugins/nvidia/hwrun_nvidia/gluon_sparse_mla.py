@@ -90,9 +90,9 @@ def _gather_rows(cache_ptr, slot, block_size, block_stride, row_stride, LAYOUT: 
     slots, in ``LAYOUT``) and the groups' scales ([n] fp32 each) (w0..w3, s0..s3, rope)."""
     valid = slot >= 0
     safe = gl.where(valid, slot, 0)  # a slot fits int32: the block and row in 32-bit division
-    offs = (safe // block_size).to(gl.int64) * block_stride + (safe % block_size).to(
-        gl.int64
-    ) * row_stride
+    block = (safe // block_size).to(gl.int64)
+    row = (safe % block_size).to(gl.int64)
+    offs = block * block_stride + row * row_stride
     if HAS_MULTIPLE_OF:  # noqa: SIM108 (constexpr branches as statements, as the jit reads them)
         rows = cache_ptr + gl.multiple_of(offs, 16)
     else:
