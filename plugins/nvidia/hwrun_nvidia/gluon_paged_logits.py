@@ -428,27 +428,38 @@ def _issue_pair(even_words, even_scales, odd_words, odd_scales, stage, blk, blk2
 
 
 @gluon.jit
-def _queries_and_weights(q_ptr, w_ptr, b, H: gl.constexpr, HP: gl.constexpr,
-                         heads_layout: gl.constexpr,
-                         REGISTER_ORDER: gl.constexpr = False):  # fmt: skip
-    """Request b's queries in shared memory as the MMA's right operand ([HP, 128], K
-    contiguous) and its head weights [HP] (padded heads: q 0, weight 0). REGISTER_ORDER: K
-    position k holds element 32c + 8j + 4h + i of k = 32j + 16h + 4c + i, the order in which
-    the keys-in-registers form unpacks a key (KEY_WORDS)."""
+def _query_tile(q_ptr, b, H: gl.constexpr, HP: gl.constexpr, REGISTER_ORDER: gl.constexpr):
+    """Request b's queries [HP, 128] fp8 in registers (padded heads 0), K in the element order
+    or, with REGISTER_ORDER, position k holding element 32c + 8j + 4h + i of k = 32j + 16h +
+    4c + i, the order in which the keys-in-registers forms unpack a key (KEY_WORDS)."""
     q_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     qh = gl.arange(0, HP, layout=gl.SliceLayout(1, q_layout))
     qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
     if REGISTER_ORDER:
         qd = (qd >> 2 & 3) * 32 + (qd >> 5) * 8 + (qd >> 4 & 1) * 4 + (qd & 3)
-    q = gl.load(
+    return gl.load(
         q_ptr + (b * H + gl.expand_dims(qh, 1)) * HEAD_DIM + gl.expand_dims(qd, 0),
         mask=gl.expand_dims(qh < H, 1),
         other=0.0,
     )
-    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [HP, HEAD_DIM], FP8_OPERAND_SMEM, q)
+
+
+@gluon.jit
+def _head_weights(w_ptr, b, H: gl.constexpr, HP: gl.constexpr, heads_layout: gl.constexpr):
+    """Request b's head weights [HP] (padded heads 0)."""
     heads = gl.arange(0, HP, layout=heads_layout)
-    w = gl.load(w_ptr + b * H + heads, mask=heads < H, other=0.0)
-    return q_smem, w
+    return gl.load(w_ptr + b * H + heads, mask=heads < H, other=0.0)
+
+
+@gluon.jit
+def _queries_and_weights(q_ptr, w_ptr, b, H: gl.constexpr, HP: gl.constexpr,
+                         heads_layout: gl.constexpr,
+                         REGISTER_ORDER: gl.constexpr = False):  # fmt: skip
+    """Request b's queries in shared memory as the MMA's right operand ([HP, 128], K
+    contiguous; :func:`_query_tile`) and its head weights [HP]."""
+    q = _query_tile(q_ptr, b, H, HP, REGISTER_ORDER)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [HP, HEAD_DIM], FP8_OPERAND_SMEM, q)
+    return q_smem, _head_weights(w_ptr, b, H, HP, heads_layout)
 
 
 @gluon.jit
@@ -1069,6 +1080,7 @@ def logits_paged(
     pairs: bool | None = None,
     persistent: bool | None = None,
     registers: bool | None = None,
+    specialised: bool = False,
 ) -> torch.Tensor:  # [B, max_ctx] float32, -inf past each row's length
     """The kernels' launch; the caller (hwrun_nvidia.gluon) has checked the shapes with
     :func:`shape_reasons`. ``splits``: programs a request (default :func:`default_splits`);
@@ -1087,7 +1099,14 @@ def logits_paged(
     persistent unless ``splits`` is given); ``registers`` (mxfp4 keys): each page's codes
     unpacked into the MMA's register operand as they lie, one barrier a page and no code in
     shared memory (:func:`_score_mxfp4_registers`; default None: taken where the grid gives
-    each program at least the format's ``registers_from`` pages and ``pairs`` is unset)."""
+    each program at least the format's ``registers_from`` pages and ``pairs`` is unset);
+    ``specialised`` (mxfp4 keys, at most 64 heads; off by default, not yet run on a GPU): the
+    register form fed by loader warps (gluon_paged_logits_ws), ``stages`` its ring's pages
+    (default 12), no other option."""
+    if specialised:
+        return _launch_specialised(q, weights, cache, fmt, block_table, context_lens, max_ctx,
+                                   stages, splits, overlap, max_registers, pairs, persistent,
+                                   registers)  # fmt: skip
     kernel = KERNELS[fmt]
     mxfp4, per_sm = kernel.mxfp4, kernel.per_sm
     stages = kernel.stages if stages is None else stages
@@ -1155,6 +1174,33 @@ def logits_paged(
         **({} if max_registers is None else {"maxnreg": max_registers}),
     )
     return out
+
+
+def _launch_specialised(q, weights, cache, fmt, block_table, context_lens, max_ctx, stages,
+                        *others) -> torch.Tensor:  # fmt: skip
+    """logits_paged(..., specialised=True), its options checked: its own grid, ring and
+    registers, so the other forms' options do not apply."""
+    from hwrun_nvidia import gluon_paged_logits_ws
+
+    if fmt != "mxfp4":
+        raise ValueError(
+            f"gluon logits_paged: specialised is a form of the mxfp4 kernel, got {fmt}"
+        )
+    if q.shape[2] > gluon_paged_logits_ws.MAX_HEADS:
+        raise ValueError(
+            f"gluon logits_paged: specialised takes at most {gluon_paged_logits_ws.MAX_HEADS} "
+            f"heads (its consumers' registers), got {q.shape[2]}"
+        )
+    defaults = (None, False, -1, None, None, None)  # splits, overlap, ..., registers
+    if any(value != default for value, default in zip(others, defaults, strict=True)):
+        raise ValueError(
+            "gluon logits_paged: specialised has its own grid, ring and registers (leave "
+            "splits, overlap, max_registers, pairs, persistent and registers unset)"
+        )
+    return gluon_paged_logits_ws.logits_paged(
+        q, weights, cache, block_table, context_lens, max_ctx,
+        **({} if stages is None else {"stages": stages}),
+    )  # fmt: skip
 
 
 def shape_reasons(q: torch.Tensor, cache: torch.Tensor, fmt: str) -> list[str]:

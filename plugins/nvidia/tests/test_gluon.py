@@ -416,6 +416,72 @@ def test_sparse_mla_falls_back_to_triton_for_other_calls(monkeypatch):
     assert len(calls) == 1
 
 
+def _build_specialised(heads: int) -> str:
+    """In the child: the warp-specialised mxfp4 kernel's sm_90 cubin for ``heads`` query
+    heads at the default ring (gluon_paged_logits_ws.logits_paged's 12 stages, 8 ahead)."""
+    import triton
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from hwrun_nvidia import gluon_paged_logits_ws as kernel
+
+    # the descriptors' types as a launch specialises them, from descriptors of a host tensor
+    # of the cache's row shape
+    words, scales = kernel.page_descriptors(torch.zeros(4, 64 * 68, dtype=torch.uint8))
+    pointers = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32"}
+    descriptors = {"words_desc": mangle_type(words), "scales_desc": mangle_type(scales)}
+    rest = {"table_ptr": "*i32", "lens_ptr": "*i32", "out_ptr": "*fp32"}
+    ints = ("table_stride", "out_stride", "max_ctx", "num_ctx_blocks", "batch")
+    signature = pointers | descriptors | rest | dict.fromkeys(ints, "i32")
+    constexprs = {"H": heads, "HP": max(16, triton.next_power_of_2(heads)), "STAGES": 12, "LAG": 8}
+    signature |= dict.fromkeys(constexprs, "constexpr")
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 4, 5, 6)}
+    source = GluonASTSource(kernel._paged_logits_ws_kernel, signature, constexprs, attrs)
+    return _cubin_report(source, {"num_warps": 4}, f"specialised{heads}")
+
+
+@pytest.mark.parametrize("heads", [64, 10])
+def test_specialised_mxfp4_cubin_keeps_the_design(heads, tmp_path):
+    out = _child_build(tmp_path, "specialised", str(heads))
+    shared = int(re.search(r"SHARED_BYTES:(\d+)", out).group(1))
+    assert shared <= 232448, shared
+    assert re.search(r"STACK:0\b", out), out[:400]  # no partition spills
+    # The partitions' registers set apart; the ring handed over by mbarriers
+    assert "USETMAXREG.TRY_ALLOC" in out and "USETMAXREG.DEALLOC" in out
+    assert "SYNCS.ARRIVE" in out and "SYNCS.PHASECHK" in out
+    # Four loader warps, each a page's keys and scale words by two TMA copies; no cp.async
+    assert out.count("UTMALDG.3D") == 8 and "LDGSTS" not in out
+    # Three consumers, each the register form's product (the codes the MMA's register
+    # operand) and its four products' loop: 8 k-steps each
+    operand = re.findall(r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc", out)
+    assert len(operand) == 24, len(operand)
+    # the relu on the FMA pipe, as the register form's (_store_logits)
+    assert "FMNMX" not in out and re.search(r"FADD R(\d+), R(\d+), \|R\2\|", out)
+
+
+def test_specialised_form_refuses_what_it_does_not_take():
+    """On the host, before any launch."""
+    from hwrun_nvidia import gluon_paged_logits as kernel
+
+    q = torch.zeros(1, 1, 64, 128).to(torch.float8_e4m3fn)
+    w, table, lens = torch.zeros(1, 64), torch.zeros(1, 4, dtype=torch.int32), torch.zeros(1, 1)
+    cache = torch.zeros(4, 64 * 68, dtype=torch.uint8)
+    for options, needle in [
+        ({"pairs": True}, "its own grid"),
+        ({"overlap": True}, "its own grid"),
+        ({"max_registers": None}, "its own grid"),
+        ({"stages": 4}, "stages >= 5"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            kernel.logits_paged(q, w, cache, "mxfp4", table, lens, 256, specialised=True,
+                                **options)  # fmt: skip
+    with pytest.raises(ValueError, match="at most 64 heads"):
+        kernel.logits_paged(torch.cat([q, q], 2), w, cache, "mxfp4", table, lens, 256,
+                            specialised=True)  # fmt: skip
+    with pytest.raises(ValueError, match="form of the mxfp4 kernel"):
+        kernel.logits_paged(q, w, cache, "fp8", table, lens, 256, specialised=True)
+
+
 def _build_sparse_mla(stages: int, crossover: bool) -> str:
     """In the child: the sparse MLA kernel's sm_90 cubin, as its shared-memory size, then
     cuobjdump's resource usage and SASS; crossed over, first the buffers' offsets the launch
@@ -495,6 +561,8 @@ def test_crossover_sparse_mla_cubin_stores_halves_into_the_pair(tmp_path):
 if __name__ == "__main__":
     if sys.argv[1] == "layouts":
         print(_layouts())
+    elif sys.argv[1] == "specialised":
+        print(_build_specialised(int(sys.argv[2])))
     elif sys.argv[1] == "sparse_mla":
         print(_build_sparse_mla(int(sys.argv[2]), sys.argv[3] == "1"))
     else:

@@ -122,6 +122,28 @@ def test_the_mxfp4_kernels_register_form(heads, splits):
         _check(q, w, cache, table, lens, 8192, splits=splits, overlap=True, stages=6)
 
 
+@pytest.mark.parametrize("heads", [64, 10])
+@pytest.mark.parametrize(
+    "requests,max_ctx,stages",
+    [(5, 8192, 12), (37, 320, 12), (1, 131072, 12), (3, 8192, 5), (64, 32768, 8), (2, 128, 12)],
+)
+def test_the_mxfp4_kernels_specialised_form(heads, requests, max_ctx, stages):
+    """Loader warps feeding three consumer warpgroups through the TMA ring: shares straddling
+    requests (320 columns: 5 pages a request), ragged, empty, one-token and one-page-but-one
+    requests, pages past a request's keys, a request long enough to wrap the ring many times,
+    the smallest ring (5 stages: 4 pages ahead of the decisions), and shares of fewer pages
+    than there are consumers (128 columns: 2 pages a request)."""
+    torch.manual_seed(heads + requests + stages)
+    q, w, cache, table, lens = paged_inputs("mxfp4", requests, max_ctx, heads, 1,
+                                            torch.float8_e4m3fn)  # fmt: skip
+    if requests > 3:
+        lens[1], lens[2], lens[3] = 1, 63, 64 * 3 + 5
+    got = _check(q, w, cache, table, lens, max_ctx, specialised=True, stages=stages)
+    if requests > 3:
+        assert (got[0] == float("-inf")).all()  # paged_inputs' empty request
+        assert (got[1, 1:] == float("-inf")).all()
+
+
 def test_the_forms_refuse_what_they_do_not_take():
     q, w, cache, table, lens = paged_inputs("mxfp4", 1, 256, 64, 1, torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="even stages >= 4"):
@@ -140,12 +162,15 @@ def test_mxfp4_overlap_is_refused_outside_the_register_form():
             _kernel().logits_paged(q, w, cache, "mxfp4", table, lens, 256, overlap=True, **other)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_max_ctx_cuts_rows_and_pages_past_it(fmt):
+@pytest.mark.parametrize(
+    "fmt,options", [("mxfp4", {}), ("fp8", {}), ("mxfp4", {"specialised": True})]
+)
+def test_max_ctx_cuts_rows_and_pages_past_it(fmt, options):
     torch.manual_seed(3)
     q, w, cache, table, lens = paged_inputs(fmt, 4, 4096, 64, 1, torch.float8_e4m3fn)
     lens.clamp_(max=3000)
-    got = _check(q, w, cache, table, lens, 3001, fmt)  # 3001 columns: the last page cut short
+    # 3001 columns: the last page cut short
+    got = _check(q, w, cache, table, lens, 3001, fmt, **options)
     assert got.shape == (4, 3001)
     assert (got[0] == float("-inf")).all()  # paged_inputs' empty request
 
@@ -157,8 +182,9 @@ def test_max_ctx_cuts_rows_and_pages_past_it(fmt):
         {"pairs": True, "stages": 4},
         {"registers": True, "pairs": False},
         {"overlap": True},
+        {"specialised": True},
     ],
-    ids=["pages", "pairs", "registers", "overlap"],
+    ids=["pages", "pairs", "registers", "overlap", "specialised"],
 )
 def test_groups_too_far_apart_to_fold_and_a_nan_code(options):
     """One key's first group 2^-12 of its others (its e8m0 code ~12 lower: the page, or with
@@ -191,8 +217,11 @@ def test_the_engines_decode_shape(fmt):
     _check(q, w, cache, table, lens, 32768, fmt)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_graph_replay_matches_eager(fmt):
+@pytest.mark.parametrize(
+    "fmt,options", [("mxfp4", {}), ("fp8", {}), ("mxfp4", {"specialised": True})]
+)
+def test_graph_replay_matches_eager(fmt, options):
+    """(The specialised form's TMA descriptors are kernel parameters, captured by value.)"""
     from test_adapters_gpu import _replay_matches_eager  # this directory, on sys.path in tests
 
     kernel = _kernel()
@@ -201,7 +230,7 @@ def test_graph_replay_matches_eager(fmt):
         return paged_inputs(fmt, 4, 4096, 64, 1, torch.float8_e4m3fn)
 
     def fn(q, w, cache, table, lens):
-        return (kernel.logits_paged(q, w, cache, fmt, table, lens, 4096),)
+        return (kernel.logits_paged(q, w, cache, fmt, table, lens, 4096, **options),)
 
     _replay_matches_eager(fn, make_inputs)
 
