@@ -163,7 +163,9 @@ def test_mxfp4_overlap_is_refused_outside_the_register_form():
 
 
 @pytest.mark.parametrize(
-    "fmt,options", [("mxfp4", {}), ("fp8", {}), ("mxfp4", {"specialised": True})]
+    "fmt,options",
+    [("mxfp4", {}), ("fp8", {}), ("mxfp4", {"specialised": True})],
+    ids=["mxfp4", "fp8", "mxfp4-specialised"],
 )
 def test_max_ctx_cuts_rows_and_pages_past_it(fmt, options):
     torch.manual_seed(3)
@@ -218,7 +220,9 @@ def test_the_engines_decode_shape(fmt):
 
 
 @pytest.mark.parametrize(
-    "fmt,options", [("mxfp4", {}), ("fp8", {}), ("mxfp4", {"specialised": True})]
+    "fmt,options",
+    [("mxfp4", {}), ("fp8", {}), ("mxfp4", {"specialised": True})],
+    ids=["mxfp4", "fp8", "mxfp4-specialised"],
 )
 def test_graph_replay_matches_eager(fmt, options):
     """(The specialised form's TMA descriptors are kernel parameters, captured by value.)"""
