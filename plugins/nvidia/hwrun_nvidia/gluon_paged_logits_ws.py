@@ -1,31 +1,38 @@
 """mxfp4 paged logits as a warp-specialised Gluon kernel for Hopper (sm_90): the register form
-(gluon_paged_logits, ``registers``) fed by a loader warpgroup.
+(gluon_paged_logits, ``registers``) fed by loader warps.
 
-The register form spends, of its 250 instructions a page-warp, about 40 on what is not the
-page's unpack, product and head sum: the page's cp.async copies and their addresses, its fold
-decision worked out a page ahead, and the barrier every page needs so that each warp sees the
-other warps' copies and decisions. Its warps (four programs of one warpgroup a multiprocessor)
-issue about one cycle in two (ncu, docs/benchmarks.md), a tenth of their stalls at that barrier.
+The register form spends, of its 250 instructions a page-warp, about 90 on what is not the
+page's unpack, product and head sum: the page's cp.async copies and their 64-bit addresses,
+its fold decision worked out a page ahead, and the barrier every page needs so that each warp
+sees the other warps' copies and decisions. Its warps (four programs of one warpgroup a
+multiprocessor) issue about one cycle in two (ncu, docs/benchmarks.md), a tenth of their
+stall samples at that barrier.
 
-Here one program a multiprocessor runs three consumer warpgroups and a loader warpgroup:
+Here one program a multiprocessor runs three consumer warpgroups and four one-warp loaders:
 
-- the loader copies each page (its 4096 bytes of packed keys and 256 of scale words) by TMA
-  into a ring stage, works out the page's fold once it has landed (gluon_paged_logits.
-  _note_fold: each key's group shifts and scale, each half page's widest spread) into the
-  stage's side buffers, and hands the stage over by an mbarrier;
-- consumer k takes the program's pages k, k + 3, ...: it waits for the stage, loads its packed
-  words and shifts, unpacks them into the MMA's register operand as the register form does,
-  multiplies, frees the stage and sums and stores the logits. No barrier is shared between
-  consumers, and none spans the program.
+- loader w takes the program's pages w, w + 4, ...: it copies each (its 4096 bytes of packed
+  keys and 256 of scale words) by TMA into a ring stage once a consumer has freed it, and
+  LAG pages later, once the scale words have landed, works out the page's fold (as
+  gluon_paged_logits._note_fold: each key's group shifts and scale, each half page's widest
+  spread) into the stage's side buffers and hands the stage over by an mbarrier. One loader
+  a scheduler: their ~114 instructions a page of their own come to ~29 a page a scheduler;
+- consumer k takes the program's pages k, k + 3, ...: it waits for the decision and the keys,
+  loads its packed words and shifts, unpacks them into the MMA's register operand as the
+  register form does, multiplies, frees the stage and sums and stores the logits (215
+  instructions a page-warp in Triton 3.6's build). No barrier is shared between consumers,
+  and none spans the program; a consumer takes two a page of its own (the compiler adds one
+  before each mbarrier wait, which it takes for a read of what the last page's free wrote).
 
-The ring holds STAGES pages, LAG of them landed or in flight ahead of the loader's decisions.
-Pages past a request's keys are written -inf by the loader. A page whose fold would reach past
-MAX_FOLD takes the register form's four products, as there. The loader decides on all 64 rows
-of a page: rows past the request's keys hold whatever the cache block holds, which may send a
-request's last page to the four products (exact either way; those rows' logits are -inf).
+The ring holds STAGES pages, LAG (a multiple of the loaders) of them copied ahead of the
+decisions. Pages past a request's keys are written -inf by loader 0. A page whose fold would
+reach past MAX_FOLD takes the register form's four products, as there. The loaders decide on
+all 64 rows of a page: rows past the request's keys hold whatever the cache block holds, which
+may send a request's last page to the four products (exact either way; those rows' logits are
+-inf).
 
 Built for sm_90 in CI (plugins/nvidia/tests/test_gluon.py); not yet run on a GPU, so not the
-default: ``gluon_paged_logits.logits_paged(..., specialised=True)`` takes it.
+default: ``gluon_paged_logits.logits_paged(..., specialised=True)`` takes it (at most 64 heads:
+128 heads' accumulators and weights spill at the consumers' registers).
 """
 
 from __future__ import annotations
@@ -90,7 +97,7 @@ DECIDE_ROWS = gl.constexpr(
 )
 FILL_LAYOUT = gl.constexpr(gl.BlockedLayout([2], [32], [1], [0]))
 # setmaxnreg's shares of a multiprocessor's 64K registers (16 warps at 128 launched): the
-# loader's few, the rest to the consumers (each page's accumulator, its operand, the weights)
+# loaders' few, the rest to the consumers (each page's accumulator, its operand, the weights)
 LOADER_REGS = gl.constexpr(56)
 CONSUMER_REGS = gl.constexpr(152)
 # TMA's load was renamed between Triton 3.6 (the H200's) and 3.9 (CI's)
@@ -266,10 +273,11 @@ def _paged_logits_ws_kernel(
     H: gl.constexpr,
     HP: gl.constexpr,
     STAGES: gl.constexpr,  # ring stages
-    LAG: gl.constexpr,  # pages copied ahead of the loader's decisions
+    LAG: gl.constexpr,  # pages copied ahead of the loaders' decisions
 ):
     """The persistent grid (one program a multiprocessor): program p takes the p-th of P equal
-    contiguous shares of every request's pages, by a loader and three consumer warpgroups."""
+    contiguous shares of every request's pages, by four loader warps and three consumer
+    warpgroups."""
     gl.static_assert(gl.num_warps() == 4, "the default partition is one warpgroup")
     gl.static_assert(LAG < STAGES, "a stage for the loaders to copy into while they decide")
     gl.static_assert(LAG % LOADERS == 0, "each loader decides its own pages")
