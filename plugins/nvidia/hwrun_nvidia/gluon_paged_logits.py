@@ -243,11 +243,11 @@ def _shifts(key_scales, groups):
 
 
 @gluon.jit
-def _page_codes(scale_words, page, length):
-    """Each key's scale word in page ``page`` (``scale_words``, shared [64]) in NOTE_ROWS, 0
+def _page_codes(scale_words, page, length, ROWS: gl.constexpr = NOTE_ROWS):
+    """Each key's scale word in page ``page`` (``scale_words``, shared [64]) in ``ROWS``, 0
     past the request's keys (stale bytes there: no spread, no shift)."""
-    rows = gl.arange(0, BLOCK_SIZE, layout=NOTE_ROWS)
-    return gl.where(rows < length - page * BLOCK_SIZE, scale_words.load(NOTE_ROWS), 0)
+    rows = gl.arange(0, BLOCK_SIZE, layout=ROWS)
+    return gl.where(rows < length - page * BLOCK_SIZE, scale_words.load(ROWS), 0)
 
 
 @gluon.jit
@@ -264,14 +264,15 @@ def _note_widest(flags, spread):
 
 
 @gluon.jit
-def _note_fold(flags, shifts, scales, scale_words, page, length):
+def _note_fold(flags, shifts, scales, scale_words, page, length, ROWS: gl.constexpr = NOTE_ROWS):
     """Page ``page``'s fold worked out a page ahead, once a row (NOTE_ROWS, half the
     instructions of the product's rows): as _note_spread into ``flags``, each key's group
     shifts into ``shifts`` (byte g: its largest e8m0 code minus group g's; no byte borrows) and
     the bits of its scale 2^(largest - 127) into ``scales`` (both [64] int32, allocations of
     their own: the compiler puts a barrier between two stores into one). Zero codes past the
-    request's keys: no shift, the smallest scale."""
-    codes = _page_codes(scale_words, page, length)
+    request's keys: no shift, the smallest scale. ``ROWS``: any layout of the 64 rows whose
+    [2, 32] reshape splits the halves (the warp-specialised form's one-warp loaders' own)."""
+    codes = _page_codes(scale_words, page, length, ROWS)
     largest = _largest_code(codes)
     _note_widest(flags, largest - _smallest_code(codes))
     shifts.store(largest * 0x01010101 - codes)
@@ -528,6 +529,18 @@ def _score_request(
 
 
 @gluon.jit
+def _share(num_ctx_blocks, batch):
+    """The persistent grid's share [lo, hi) of program p of P: the p-th of P equal contiguous
+    shares of every request's pages laid end to end (num_ctx_blocks a request). int64 for the
+    products only: the bounds are pages (< 2^31)."""
+    program = gl.program_id(0).to(gl.int64)
+    programs = gl.num_programs(0)
+    lo = (program * batch * num_ctx_blocks // programs).to(gl.int32)
+    hi = ((program + 1) * batch * num_ctx_blocks // programs).to(gl.int32)
+    return lo, hi
+
+
+@gluon.jit
 def _paged_logits_kernel(
     q_ptr,  # [B, 1, H, 128] float8_e4m3fn
     w_ptr,  # [B, H] float32
@@ -563,12 +576,8 @@ def _paged_logits_kernel(
     args = (q_ptr, w_ptr, cache_ptr, table_ptr, lens_ptr, out_ptr, cache_block_stride,
             table_stride, out_stride, max_ctx, num_ctx_blocks)  # fmt: skip
     if PERSISTENT:
-        # int64 for the products only: the shares' bounds are pages (< 2^31). (batch and
-        # num_ctx_blocks may arrive as constexpr 1s, specialised by the launch.)
-        program = gl.program_id(0).to(gl.int64)
-        programs = gl.num_programs(0)
-        lo = (program * batch * num_ctx_blocks // programs).to(gl.int32)
-        hi = ((program + 1) * batch * num_ctx_blocks // programs).to(gl.int32)
+        # (batch and num_ctx_blocks may arrive as constexpr 1s, specialised by the launch.)
+        lo, hi = _share(num_ctx_blocks, batch)
         for b in range(lo // num_ctx_blocks, (hi + num_ctx_blocks - 1) // num_ctx_blocks):
             base = b * num_ctx_blocks
             first = gl.maximum(lo, base) - base
@@ -1104,9 +1113,13 @@ def logits_paged(
     register form fed by loader warps (gluon_paged_logits_ws), ``stages`` its ring's pages
     (default 12), no other option."""
     if specialised:
+        unset = {"splits": None, "overlap": False, "max_registers": -1, "pairs": None,
+                 "persistent": None, "registers": None}  # fmt: skip
+        given = {"splits": splits, "overlap": overlap, "max_registers": max_registers,
+                 "pairs": pairs, "persistent": persistent, "registers": registers}  # fmt: skip
+        others = [name for name, value in given.items() if value != unset[name]]
         return _launch_specialised(q, weights, cache, fmt, block_table, context_lens, max_ctx,
-                                   stages, splits, overlap, max_registers, pairs, persistent,
-                                   registers)  # fmt: skip
+                                   stages, others)  # fmt: skip
     kernel = KERNELS[fmt]
     mxfp4, per_sm = kernel.mxfp4, kernel.per_sm
     stages = kernel.stages if stages is None else stages
@@ -1177,9 +1190,9 @@ def logits_paged(
 
 
 def _launch_specialised(q, weights, cache, fmt, block_table, context_lens, max_ctx, stages,
-                        *others) -> torch.Tensor:  # fmt: skip
+                        others: list[str]) -> torch.Tensor:  # fmt: skip
     """logits_paged(..., specialised=True), its options checked: its own grid, ring and
-    registers, so the other forms' options do not apply."""
+    registers, so the other forms' options (``others``: those the caller set) do not apply."""
     from hwrun_nvidia import gluon_paged_logits_ws
 
     if fmt != "mxfp4":
@@ -1191,11 +1204,10 @@ def _launch_specialised(q, weights, cache, fmt, block_table, context_lens, max_c
             f"gluon logits_paged: specialised takes at most {gluon_paged_logits_ws.MAX_HEADS} "
             f"heads (its consumers' registers), got {q.shape[2]}"
         )
-    defaults = (None, False, -1, None, None, None)  # splits, overlap, ..., registers
-    if any(value != default for value, default in zip(others, defaults, strict=True)):
+    if others:
         raise ValueError(
-            "gluon logits_paged: specialised has its own grid, ring and registers (leave "
-            "splits, overlap, max_registers, pairs, persistent and registers unset)"
+            f"gluon logits_paged: specialised has its own grid, ring and registers, got "
+            f"{', '.join(others)} (leave them unset)"
         )
     return gluon_paged_logits_ws.logits_paged(
         q, weights, cache, block_table, context_lens, max_ctx,

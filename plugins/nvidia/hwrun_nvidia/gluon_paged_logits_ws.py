@@ -64,13 +64,12 @@ from hwrun_nvidia.gluon_paged_logits import (
     _fill_past_keys,
     _group_bytes,
     _head_weights,
-    _largest_code,
-    _power_of_two,
+    _note_fold,
     _query_tile,
     _register_four_products,
     _register_operand,
     _reinterpreted,
-    _smallest_code,
+    _share,
     _store_logits,
 )
 
@@ -105,17 +104,6 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
 @gluon.jit
-def _share(num_ctx_blocks, batch):
-    """This program's contiguous share [lo, hi) of all requests' pages, as the persistent grid
-    of gluon_paged_logits shares them."""
-    program = gl.program_id(0).to(gl.int64)
-    programs = gl.num_programs(0)
-    lo = (program * batch * num_ctx_blocks // programs).to(gl.int32)
-    hi = ((program + 1) * batch * num_ctx_blocks // programs).to(gl.int32)
-    return lo, hi
-
-
-@gluon.jit
 def _request_pages(lens_ptr, b, lo, hi, num_ctx_blocks):
     """Request b's pages in the share: the first, the end of those holding keys (scored), the
     end of all, and the request's length."""
@@ -135,11 +123,9 @@ def _decide(u, scales_ring, flags, shifts, scale_bits, scales_full, decided,
     and scale), on every row as stored and in the loader's one warp."""
     s = u % STAGES
     mbarrier.wait(scales_full.index(s), (u // STAGES) & 1)
-    codes = scales_ring.index(s).load(DECIDE_ROWS)
-    largest = _largest_code(codes)
-    flags.index(s).store(gl.max(gl.reshape(largest - _smallest_code(codes), [2, 32]), axis=1))
-    shifts.index(s).store(largest * 0x01010101 - codes)
-    scale_bits.index(s).store(_power_of_two(largest).to(gl.int32, bitcast=True))
+    # every row as stored (page 0 of a request BLOCK_SIZE long: no row masked)
+    _note_fold(flags.index(s), shifts.index(s), scale_bits.index(s), scales_ring.index(s), 0,
+               BLOCK_SIZE, DECIDE_ROWS)  # fmt: skip
     _cta_barrier()  # the warp's every store before its one arrival
     mbarrier.arrive(decided.index(s))
 
