@@ -15,7 +15,7 @@ Here one program a multiprocessor runs three consumer warpgroups and four one-wa
   LAG pages later, once the scale words have landed, works out the page's fold (as
   gluon_paged_logits._note_fold: each key's group shifts and scale, each half page's widest
   spread) into the stage's side buffers and hands the stage over by an mbarrier. One loader
-  a scheduler: their ~114 instructions a page of their own come to ~29 a page a scheduler;
+  a scheduler: their ~111 instructions a page of their own come to ~28 a page a scheduler;
 - consumer k takes the program's pages k, k + 3, ...: it waits for the decision and the keys,
   loads its packed words and shifts, unpacks them into the MMA's register operand as the
   register form does, multiplies, frees the stage and sums and stores the logits (215
